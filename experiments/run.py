@@ -1,0 +1,65 @@
+"""Run an experiment: `python experiments/run.py --config experiments/configs/NAME.py[:preset]`.
+
+Overrides: `--config.model.moe.impl=capacity`, `--config.train.steps=10`. The config is locked
+(`lock_config=True`): a misspelt key fails at once. `c2jax.config.validate` runs before any
+compute; a bad config exits with status 2 and a message naming each bad key and its allowed
+range. Results go to `--workdir` (default `runs/<config name>`): `summary.json` per stage, plus
+what each stage writes (checkpoints, metrics, plots).
+
+Multi-host: when `C2JAX_COORDINATOR` (host:port), `C2JAX_NUM_PROCESSES` and `C2JAX_PROCESS_ID`
+are set, `jax.distributed.initialize` is called before anything touches a device.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:arg].", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).")
+
+
+def maybe_initialize_distributed() -> None:
+    """Initialise multi-host JAX from C2JAX_* environment variables, if they are set."""
+    coord = os.environ.get("C2JAX_COORDINATOR")
+    if not coord:
+        return
+    import jax
+
+    jax.distributed.initialize(
+        coordinator_address=coord,
+        num_processes=int(os.environ["C2JAX_NUM_PROCESSES"]),
+        process_id=int(os.environ["C2JAX_PROCESS_ID"]),
+    )
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    from c2jax.config import ConfigError, validate
+
+    config = _CONFIG.value
+    if config is None:
+        print("error: --config is required", file=sys.stderr)
+        return 2
+    try:
+        validate(config)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cfg_path = flags.FLAGS["config"].config_filename if hasattr(flags.FLAGS["config"], "config_filename") else "run"
+    name = os.path.splitext(os.path.basename(str(cfg_path).split(":")[0]))[0]
+    workdir = _WORKDIR.value or os.path.join("runs", name)
+    maybe_initialize_distributed()
+    from c2jax.train.stages import run_stages
+
+    summary = run_stages(config, workdir)
+    print(f"done: {workdir}/summary.json ({', '.join(summary)})")
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: sys.exit(main(argv)))

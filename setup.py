@@ -1,0 +1,34 @@
+"""c2jax: a JAX reproduction of the Composer 2 training system (continued pretraining + agentic RL)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="c2jax",
+    version="0.1.0",
+    description="JAX research codebase reproducing Composer 2: MoE continued pretraining and async agentic RL.",
+    packages=find_packages(include=["c2jax", "c2jax.*", "kernels_pallas", "kernels_pallas.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "jax>=0.10.2",
+        "flax>=0.12",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12",
+        "tensorstore>=0.1.80",
+        "ml-collections>=1.1.0",
+        "ml-dtypes>=0.7.0",
+        "numpy>=2.0",
+        "absl-py",
+        "safetensors>=0.6",
+        "tokenizers>=0.22",
+        "tqdm",
+        "rich",
+        "matplotlib",
+        "tensorboardX",
+        "openai>=1.0",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis"],
+        # Reference implementations used by parity tests; torch==2.13.0 is the CPU wheel on disk.
+        "torch": ["torch==2.13.0", "transformers>=5.0", "torchao==0.18.0"],
+        "ray": ["ray>=2.40"],
+    },
+)
