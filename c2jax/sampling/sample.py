@@ -1,0 +1,80 @@
+"""Per-row token sampling with fixed shapes: greedy, temperature, top-k, top-p, per-request seeds.
+
+Everything here runs inside the engine's jitted prefill/decode steps; each row (slot) carries its
+own sampling parameters, so one compiled step serves any mix of requests.
+
+Reproducibility: the random draw of a row depends only on ``(seed, draw_index)`` of that row
+(``draw_index`` = index of the generated token within its request), never on the slot, the batch
+composition or the arrival order. Sampling is Gumbel-max over the masked, tempered logits, which
+samples exactly from the renormalised top-k/top-p distribution.
+
+Returned log-probabilities of the chosen token:
+- ``logprob_raw``: under the raw model distribution, ``log_softmax(logits)`` (temperature 1, no
+  truncation) -- what the trainer recomputes;
+- ``logprob_sampling``: under the distribution actually sampled from (temperature, top-k, top-p
+  applied and renormalised); 0 for greedy rows (the choice had probability 1).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _row_keys(seeds: jax.Array, draw_index: jax.Array) -> jax.Array:
+    """One PRNG key per row from its (seed, draw_index): [B] uint32, [B] int32 -> [B] keys."""
+
+    def one(seed, idx):
+        return jax.random.fold_in(jax.random.key(seed), idx)
+
+    return jax.vmap(one)(seeds.astype(jnp.uint32), draw_index.astype(jnp.int32))
+
+
+def truncation_mask(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Bool mask [B, V] of the tokens kept by top-k then top-p (nucleus) on tempered logits.
+
+    scaled: [B, V] logits already divided by the temperature; top_k: [B] int (0 = off);
+    top_p: [B] float in (0, 1] (1 = off). Thresholds are taken on values, so tied logits at
+    the boundary are all kept (the usual convention); at least the top token always survives.
+    """
+    V = scaled.shape[-1]
+    srt = jnp.sort(scaled, axis=-1)[:, ::-1]  # [B, V] descending
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)  # [B]
+    kth = jnp.take_along_axis(srt, (k - 1)[:, None], axis=-1)  # [B, 1]
+    # nucleus on the top-k-truncated distribution
+    ranks = jnp.arange(V)[None, :]
+    srt_k = jnp.where(ranks < k[:, None], srt, -jnp.inf)
+    probs = jax.nn.softmax(srt_k, axis=-1)  # [B, V] sorted
+    cum_before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each sorted entry
+    keep_sorted = (cum_before < top_p[:, None]) & (ranks < k[:, None])
+    keep_sorted = keep_sorted.at[:, 0].set(True)
+    n_keep = jnp.sum(keep_sorted, axis=-1)  # [B]
+    pth = jnp.take_along_axis(srt, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
+    thresh = jnp.maximum(kth, pth)
+    return scaled >= thresh
+
+
+def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
+                  seeds: jax.Array, draw_index: jax.Array):
+    """Sample one token per row.
+
+    logits: [B, V] (any float dtype; computed in f32); temperature: [B] (0 = greedy);
+    top_k: [B] int32; top_p: [B] f32; seeds: [B] uint32; draw_index: [B] int32.
+    Returns (tokens [B] int32, logprob_sampling [B] f32, logprob_raw [B] f32).
+    """
+    logits = logits.astype(jnp.float32)
+    raw_lp = jax.nn.log_softmax(logits, axis=-1)  # [B, V]
+    greedy = temperature <= 0.0
+    t = jnp.where(greedy, 1.0, temperature)[:, None]
+    scaled = logits / t
+    keep = truncation_mask(scaled, top_k, top_p)
+    masked = jnp.where(keep, scaled, -jnp.inf)
+    samp_lp = jax.nn.log_softmax(masked, axis=-1)  # [B, V]
+    keys = _row_keys(seeds, draw_index)
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
+    drawn = jnp.argmax(masked + gumbel, axis=-1)
+    best = jnp.argmax(logits, axis=-1)
+    tok = jnp.where(greedy, best, drawn).astype(jnp.int32)
+    lp_raw = jnp.take_along_axis(raw_lp, tok[:, None], axis=-1)[:, 0]
+    lp_s = jnp.take_along_axis(samp_lp, tok[:, None], axis=-1)[:, 0]
+    lp_s = jnp.where(greedy, 0.0, lp_s)
+    return tok, lp_s, lp_raw
