@@ -1,0 +1,566 @@
+"""The record RL consumes: a token-in/token-out agent trajectory, and its padding into jit-ready arrays.
+
+A `Trajectory` is one rollout of the agent on one task. It stores the exact token ids the policy
+saw and produced (text is never re-tokenised between turns), split into `Segment`s: one segment
+per generation, i.e. one forward context. A plain multi-turn rollout is one segment whose
+completion interleaves policy tokens with tool-output tokens (loss mask 0). Self-summarisation
+restarts the context from the summary, which starts a new segment; the final reward applies to
+every segment in the chain (Composer 2 report, section 3.5).
+
+Per completion token a segment stores the loss mask (1 = sampled by the policy), the behaviour
+(sampler) logprob of the token under the distribution it was actually sampled from, optionally the
+raw (untempered) model logprob, and the policy version that produced it (in-flight weight updates
+make versions change mid-rollout). Optionally `routes` holds the routed experts the sampler chose
+for every token of the segment's context (int32 [P + C, n_moe_layers, top_k]) for router replay.
+
+The trajectory also carries the tool events, effort counts (the inputs of the length penalty),
+reward terms from the grader and the behaviour monitors, task and group ids, and `infra_failed`:
+a sample lost to the infrastructure (sandbox crash, timeout of the environment, not of the model)
+is masked out of the loss. A failure that is the model's fault (e.g. a malformed tool call) is NOT
+an infra failure: it gets a negative reward, otherwise the policy learns to fail on hard tasks.
+
+Construction converts lists to numpy arrays and validates; any missing or mismatched field raises
+`TrajectoryError` naming the field, e.g. ``segments[1].behaviour_logprobs``.
+
+`pad_batch` turns a list of trajectories into a dict of fixed-shape numpy arrays that the jitted
+RL loss consumes (see its docstring for every key). This module needs only numpy and the standard
+library so that the agent harness and the sampler can import it cheaply.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+EFFORT_FIELDS: tuple[str, ...] = (
+    "thinking_tokens",
+    "tool_call_tokens",
+    "tool_output_tokens",
+    "final_message_tokens",
+    "tool_calls",
+    "turns",
+)
+
+# Tolerance for behaviour logprobs slightly above 0 from float rounding in the sampler.
+_LOGP_SLACK = 1e-3
+
+
+class TrajectoryError(ValueError):
+    """A trajectory field is missing, malformed, or inconsistent with another field."""
+
+    def __init__(self, field_name: str, message: str):
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
+@dataclass
+class Effort:
+    """Effort counts of a rollout: the measures the length penalty C_{k,q} weights (report 3.4)."""
+
+    thinking_tokens: int = 0
+    tool_call_tokens: int = 0
+    tool_output_tokens: int = 0
+    final_message_tokens: int = 0
+    tool_calls: int = 0
+    turns: int = 0
+
+    def validate(self, prefix: str = "effort") -> None:
+        for name in EFFORT_FIELDS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise TrajectoryError(f"{prefix}.{name}", f"must be an integer >= 0, got {v!r}")
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: int(getattr(self, name)) for name in EFFORT_FIELDS}
+
+
+@dataclass
+class ToolEvent:
+    """One tool call the agent made and what came back.
+
+    `malformed` marks a call the harness could not parse or that named an unknown tool: the model's
+    fault, turned into an error message for the agent and counted as a negative in the reward.
+    `ok` is False when the call was well formed but the tool reported failure (non-zero exit, ...).
+    """
+
+    name: str
+    ok: bool = True
+    malformed: bool = False
+    error: str | None = None
+    turn: int = 0
+    segment: int = 0
+    call_tokens: int = 0
+    output_tokens: int = 0
+
+    def validate(self, prefix: str) -> None:
+        if not isinstance(self.name, str):
+            raise TrajectoryError(f"{prefix}.name", f"must be a string, got {self.name!r}")
+        for name in ("ok", "malformed"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TrajectoryError(f"{prefix}.{name}", f"must be a bool, got {getattr(self, name)!r}")
+        for name in ("turn", "segment", "call_tokens", "output_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise TrajectoryError(f"{prefix}.{name}", f"must be an integer >= 0, got {v!r}")
+
+
+def _as_array(value: Any, dtype: Any, name: str, ndim: int) -> np.ndarray:
+    if value is None:
+        raise TrajectoryError(name, "missing")
+    try:
+        arr = np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        raise TrajectoryError(name, f"not a rectangular array ({e})") from None
+    if arr.size == 0:
+        arr = arr.reshape((0,) * ndim if ndim > 1 else (0,))
+    if arr.ndim != ndim:
+        raise TrajectoryError(name, f"must have {ndim} dimension(s), got shape {arr.shape}")
+    if np.dtype(dtype) == np.bool_ and arr.size and not np.isin(arr, (0, 1)).all():
+        raise TrajectoryError(name, "must hold only 0/1 (or booleans)")
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        if arr.size and not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_)):
+            raise TrajectoryError(name, f"must hold integers, got dtype {arr.dtype}")
+    elif arr.size and not (np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)):
+        raise TrajectoryError(name, f"must hold numbers, got dtype {arr.dtype}")
+    return arr.astype(dtype, copy=False)
+
+
+@dataclass
+class Segment:
+    """One generation: a prompt (context) and the completion produced from it.
+
+    Shapes (P prompt tokens, C completion tokens, nL MoE layers, K experts per token):
+      prompt_ids          int32 [P], P >= 1
+      completion_ids      int32 [C]
+      loss_mask           bool  [C]  True where the token was sampled by the policy
+      behaviour_logprobs  float32 [C]  sampler logprob of the token (finite, <= 0 where masked in)
+      policy_versions     int32 [C]  weight version that sampled the token (>= 0 where masked in)
+      raw_logprobs        float32 [C] or None  untempered model logprob, if the sampler reports it
+      routes              int32 [P + C, nL, K] or None  experts chosen per context token
+    """
+
+    prompt_ids: Any
+    completion_ids: Any
+    loss_mask: Any
+    behaviour_logprobs: Any
+    policy_versions: Any
+    raw_logprobs: Any = None
+    routes: Any = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, prefix: str = "segment") -> None:
+        p = f"{prefix}."
+        self.prompt_ids = _as_array(self.prompt_ids, np.int32, p + "prompt_ids", 1)
+        self.completion_ids = _as_array(self.completion_ids, np.int32, p + "completion_ids", 1)
+        self.loss_mask = _as_array(self.loss_mask, np.bool_, p + "loss_mask", 1)
+        self.behaviour_logprobs = _as_array(self.behaviour_logprobs, np.float32, p + "behaviour_logprobs", 1)
+        self.policy_versions = _as_array(self.policy_versions, np.int32, p + "policy_versions", 1)
+        if self.raw_logprobs is not None:
+            self.raw_logprobs = _as_array(self.raw_logprobs, np.float32, p + "raw_logprobs", 1)
+        if self.routes is not None:
+            self.routes = _as_array(self.routes, np.int32, p + "routes", 3)
+
+        if len(self.prompt_ids) < 1:
+            raise TrajectoryError(p + "prompt_ids", "must hold at least one token (the context a generation starts from)")
+        for name, arr in (("prompt_ids", self.prompt_ids), ("completion_ids", self.completion_ids)):
+            if arr.size and arr.min() < 0:
+                raise TrajectoryError(p + name, f"token ids must be >= 0, got {int(arr.min())}")
+        c = len(self.completion_ids)
+        for name in ("loss_mask", "behaviour_logprobs", "policy_versions", "raw_logprobs"):
+            arr = getattr(self, name)
+            if arr is not None and len(arr) != c:
+                raise TrajectoryError(p + name, f"length {len(arr)} != len(completion_ids) {c}")
+        m = self.loss_mask
+        for name in ("behaviour_logprobs", "raw_logprobs"):
+            arr = getattr(self, name)
+            if arr is None:
+                continue
+            bad = m & ~(np.isfinite(arr) & (arr <= _LOGP_SLACK))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise TrajectoryError(p + name, f"policy token {i} has logprob {float(arr[i])}; must be finite and <= 0")
+        if (m & (self.policy_versions < 0)).any():
+            i = int(np.argmax(m & (self.policy_versions < 0)))
+            raise TrajectoryError(p + "policy_versions", f"policy token {i} has version {int(self.policy_versions[i])}; must be >= 0")
+        if self.routes is not None:
+            t = len(self.prompt_ids) + c
+            if self.routes.shape[0] != t:
+                raise TrajectoryError(p + "routes", f"first dimension {self.routes.shape[0]} != len(prompt_ids) + len(completion_ids) = {t}")
+            if self.routes.size and self.routes.min() < 0:
+                raise TrajectoryError(p + "routes", "expert ids must be >= 0")
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the context (prompt + completion)."""
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def num_positions(self) -> int:
+        """Positions this segment occupies in a padded row: inputs s[:-1] predict targets s[1:]."""
+        return self.num_tokens - 1
+
+
+@dataclass
+class Trajectory:
+    """One rollout of the agent on one task (see the module docstring)."""
+
+    segments: list[Segment]
+    task_id: str
+    group_id: str
+    reward_terms: dict[str, float] = field(default_factory=dict)
+    effort: Effort = field(default_factory=Effort)
+    tool_events: list[ToolEvent] = field(default_factory=list)
+    infra_failed: bool = False
+    sample_id: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field; raise `TrajectoryError` naming the first bad one."""
+        for name in ("task_id", "group_id"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v:
+                raise TrajectoryError(name, f"must be a non-empty string, got {v!r}")
+        if not isinstance(self.sample_id, str):
+            raise TrajectoryError("sample_id", f"must be a string, got {self.sample_id!r}")
+        if not isinstance(self.infra_failed, (bool, np.bool_)):
+            raise TrajectoryError("infra_failed", f"must be a bool, got {self.infra_failed!r}")
+        if not isinstance(self.segments, (list, tuple)):
+            raise TrajectoryError("segments", f"must be a list of Segment, got {type(self.segments).__name__}")
+        if not self.segments and not self.infra_failed:
+            raise TrajectoryError("segments", "empty; only an infra_failed trajectory may have no segments")
+        route_shape = None
+        for i, seg in enumerate(self.segments):
+            if not isinstance(seg, Segment):
+                raise TrajectoryError(f"segments[{i}]", f"must be a Segment, got {type(seg).__name__}")
+            seg.validate(f"segments[{i}]")
+            if seg.routes is not None:
+                if route_shape is None:
+                    route_shape = seg.routes.shape[1:]
+                elif seg.routes.shape[1:] != route_shape:
+                    raise TrajectoryError(f"segments[{i}].routes", f"shape {seg.routes.shape[1:]} per token != {route_shape} of an earlier segment")
+        has_routes = {seg.routes is not None for seg in self.segments}
+        if len(has_routes) > 1:
+            raise TrajectoryError("segments.routes", "present in some segments and missing in others")
+        if not isinstance(self.reward_terms, dict):
+            raise TrajectoryError("reward_terms", f"must be a dict name -> float, got {type(self.reward_terms).__name__}")
+        for k, v in self.reward_terms.items():
+            if not isinstance(k, str) or not k:
+                raise TrajectoryError("reward_terms", f"keys must be non-empty strings, got {k!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                raise TrajectoryError(f"reward_terms[{k!r}]", f"must be a number, got {v!r}")
+        if not isinstance(self.effort, Effort):
+            raise TrajectoryError("effort", f"must be an Effort, got {type(self.effort).__name__}")
+        self.effort.validate()
+        for i, ev in enumerate(self.tool_events):
+            if not isinstance(ev, ToolEvent):
+                raise TrajectoryError(f"tool_events[{i}]", f"must be a ToolEvent, got {type(ev).__name__}")
+            ev.validate(f"tool_events[{i}]")
+            if ev.segment >= max(len(self.segments), 1):
+                raise TrajectoryError(f"tool_events[{i}].segment", f"{ev.segment} >= number of segments {len(self.segments)}")
+
+    # ---- summaries --------------------------------------------------------------------------
+    @property
+    def num_policy_tokens(self) -> int:
+        return int(sum(int(s.loss_mask.sum()) for s in self.segments))
+
+    @property
+    def has_routes(self) -> bool:
+        return bool(self.segments) and self.segments[0].routes is not None
+
+    @property
+    def has_raw_logprobs(self) -> bool:
+        return bool(self.segments) and all(s.raw_logprobs is not None for s in self.segments)
+
+    # ---- serialisation ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-compatible dict (arrays become lists; NaN rewards become null)."""
+        segs = []
+        for s in self.segments:
+            d = {
+                "prompt_ids": s.prompt_ids.tolist(),
+                "completion_ids": s.completion_ids.tolist(),
+                "loss_mask": s.loss_mask.astype(np.int8).tolist(),
+                "behaviour_logprobs": s.behaviour_logprobs.tolist(),
+                "policy_versions": s.policy_versions.tolist(),
+                "raw_logprobs": None if s.raw_logprobs is None else s.raw_logprobs.tolist(),
+                "routes": None if s.routes is None else s.routes.tolist(),
+            }
+            segs.append(d)
+        return {
+            "segments": segs,
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "reward_terms": {k: (None if not math.isfinite(float(v)) else float(v)) for k, v in self.reward_terms.items()},
+            "effort": self.effort.as_dict(),
+            "tool_events": [dataclasses.asdict(e) for e in self.tool_events],
+            "infra_failed": bool(self.infra_failed),
+            "sample_id": self.sample_id,
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+        """Inverse of `to_dict`; a missing required key raises `TrajectoryError` naming it."""
+        if not isinstance(d, dict):
+            raise TrajectoryError("trajectory", f"must be a JSON object, got {type(d).__name__}")
+        for key in ("segments", "task_id", "group_id"):
+            if key not in d:
+                raise TrajectoryError(key, "missing")
+        segs = []
+        seg_keys = ("prompt_ids", "completion_ids", "loss_mask", "behaviour_logprobs", "policy_versions")
+        for i, sd in enumerate(d["segments"]):
+            for key in seg_keys:
+                if key not in sd:
+                    raise TrajectoryError(f"segments[{i}].{key}", "missing")
+            try:
+                segs.append(Segment(**{k: sd.get(k) for k in seg_keys + ("raw_logprobs", "routes")}))
+            except TrajectoryError as e:
+                raise TrajectoryError(e.field.replace("segment.", f"segments[{i}].", 1), str(e).split(": ", 1)[1]) from None
+        terms = {k: (float("nan") if v is None else v) for k, v in (d.get("reward_terms") or {}).items()}
+        unknown = set(d.get("effort") or {}) - set(EFFORT_FIELDS)
+        if unknown:
+            raise TrajectoryError("effort", f"unknown fields {sorted(unknown)}; known: {list(EFFORT_FIELDS)}")
+        tool_fields = {f.name for f in dataclasses.fields(ToolEvent)}
+        events = []
+        for i, ed in enumerate(d.get("tool_events") or []):
+            bad = set(ed) - tool_fields
+            if bad:
+                raise TrajectoryError(f"tool_events[{i}]", f"unknown fields {sorted(bad)}")
+            if "name" not in ed:
+                raise TrajectoryError(f"tool_events[{i}].name", "missing")
+            events.append(ToolEvent(**ed))
+        return cls(
+            segments=segs,
+            task_id=d["task_id"],
+            group_id=d["group_id"],
+            reward_terms=terms,
+            effort=Effort(**(d.get("effort") or {})),
+            tool_events=events,
+            infra_failed=d.get("infra_failed", False),
+            sample_id=d.get("sample_id", ""),
+            metadata=d.get("metadata") or {},
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Trajectory":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TrajectoryError("trajectory", f"invalid JSON: {e}") from None
+        return cls.from_dict(d)
+
+
+def save_jsonl(trajectories: Iterable[Trajectory], path: str) -> None:
+    with open(path, "w") as f:
+        for t in trajectories:
+            f.write(t.to_json() + "\n")
+
+
+def load_jsonl(path: str) -> list[Trajectory]:
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f):
+            if line.strip():
+                try:
+                    out.append(Trajectory.from_json(line))
+                except TrajectoryError as e:
+                    raise TrajectoryError(f"{path}:{n + 1}: {e.field}", str(e).split(": ", 1)[1]) from None
+    return out
+
+
+# ---- batching -------------------------------------------------------------------------------
+def _place_segments(lengths: Sequence[int], max_len: int, pack: bool) -> list[list[int]]:
+    """Assign segments (by index) to rows: first fit in input order when packing, else one per row."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i, n in enumerate(lengths):
+        if pack:
+            for r, f in enumerate(free):
+                if f >= n:
+                    rows[r].append(i)
+                    free[r] -= n
+                    break
+            else:
+                rows.append([i])
+                free.append(max_len - n)
+        else:
+            rows.append([i])
+            free.append(max_len - n)
+    return rows
+
+
+def pad_batch(
+    trajectories: Sequence[Trajectory],
+    max_len: int,
+    *,
+    num_rows: int | None = None,
+    max_trajectories: int | None = None,
+    pad_id: int = 0,
+    pack: bool = True,
+    reward_names: Sequence[str] | None = None,
+    min_group_size: int = 1,
+) -> dict[str, Any]:
+    """Pad (and by default pack) trajectories into fixed-shape numpy arrays for the jitted RL loss.
+
+    Each segment s = prompt + completion occupies len(s) - 1 positions of a row: inputs s[:-1] and
+    next-token targets s[1:], so `behaviour_logp[b, t]` is the logprob of `targets[b, t]` and
+    compares directly with the learner's log_softmax(logits)[b, t, targets[b, t]]. With
+    `pack=True` several segments share a row (first fit in input order); `segment_ids` (1.. per
+    row, 0 = padding) keeps attention inside a segment and `positions` restart at 0 per segment.
+    A segment longer than `max_len` raises: nothing is truncated silently.
+
+    Per-token arrays, shape [R, max_len] (R = `num_rows` if given, else the rows needed):
+      tokens, targets      int32   input ids, next-token ids (pad_id at padding)
+      loss_mask            float32 1 where targets[b, t] was sampled by the policy
+      behaviour_logp       float32 sampler logprob of targets[b, t] (0 off the mask)
+      raw_logp             float32 untempered logprob (only if every segment has raw_logprobs)
+      versions             int32   policy version of targets[b, t] (-1 off the mask)
+      positions            int32   position within its segment
+      segment_ids          int32   1.. per segment within the row, 0 at padding
+      traj_index           int32   index of the token's trajectory on the N axis, -1 at padding
+      routes               int32   [R, max_len, nL, K] experts of tokens[b, t] (only with routes)
+    Per-trajectory arrays, shape [N] (N = `max_trajectories` if given, else len(trajectories)):
+      traj_valid           float32 1 for a real trajectory, 0 for N-axis padding
+      infra_failed         float32 1 if lost to the infrastructure (masked out of the loss)
+      group_index          int32   dense group number (first-appearance order), -1 for padding
+      policy_tokens        float32 number of policy tokens
+      num_segments         int32
+      reward_terms         {name: float32 [N]} every reward term seen (NaN where a trajectory lacks it)
+      effort               {field: float32 [N]} for each of EFFORT_FIELDS
+      tool_stats           {"calls", "malformed", "failed": float32 [N]}
+    Group indices are < N, so jitted code can use N as a static bound on the number of groups.
+    Only numpy arrays are returned (jit-ready as a pytree). `min_group_size` > 1 makes groups smaller
+    than that (counting every trajectory, infra failures included) raise.
+    """
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2, got {max_len}")
+    trajs = list(trajectories)
+    if not trajs:
+        raise ValueError("pad_batch: no trajectories")
+    for i, t in enumerate(trajs):
+        if not isinstance(t, Trajectory):
+            raise TrajectoryError(f"trajectories[{i}]", f"must be a Trajectory, got {type(t).__name__}")
+    n = len(trajs) if max_trajectories is None else max_trajectories
+    if len(trajs) > n:
+        raise ValueError(f"pad_batch: {len(trajs)} trajectories > max_trajectories={n}")
+
+    route_flags = {t.has_routes for t in trajs if t.segments}
+    if len(route_flags) > 1:
+        raise TrajectoryError("segments.routes", "present in some trajectories and missing in others")
+    with_routes = route_flags == {True}
+    route_shape = None
+    if with_routes:
+        shapes = {s.routes.shape[1:] for t in trajs for s in t.segments}
+        if len(shapes) > 1:
+            raise TrajectoryError("segments.routes", f"different [n_moe_layers, top_k] across trajectories: {sorted(shapes)}")
+        route_shape = shapes.pop()
+    raw_flags = {t.has_raw_logprobs for t in trajs if t.segments}
+    with_raw = raw_flags == {True}
+
+    # Flatten segments.
+    flat: list[tuple[int, Segment]] = [(ti, s) for ti, t in enumerate(trajs) for s in t.segments]
+    lengths = [s.num_positions for _, s in flat]
+    for (ti, s), L in zip(flat, lengths):
+        if L > max_len:
+            si = next(j for j, x in enumerate(trajs[ti].segments) if x is s)
+            raise ValueError(f"trajectories[{ti}].segments[{si}] needs {L} positions > max_len={max_len} "
+                             f"(task {trajs[ti].task_id!r}); raise max_len or split the segment")
+    rows = _place_segments(lengths, max_len, pack)
+    r = len(rows) if num_rows is None else num_rows
+    if len(rows) > r:
+        raise ValueError(f"pad_batch: the segments need {len(rows)} rows > num_rows={r} (max_len={max_len})")
+
+    tokens = np.full((r, max_len), pad_id, np.int32)
+    targets = np.full((r, max_len), pad_id, np.int32)
+    loss_mask = np.zeros((r, max_len), np.float32)
+    behaviour = np.zeros((r, max_len), np.float32)
+    raw = np.zeros((r, max_len), np.float32) if with_raw else None
+    versions = np.full((r, max_len), -1, np.int32)
+    positions = np.zeros((r, max_len), np.int32)
+    segment_ids = np.zeros((r, max_len), np.int32)
+    traj_index = np.full((r, max_len), -1, np.int32)
+    routes = np.zeros((r, max_len) + route_shape, np.int32) if with_routes else None
+
+    for row, members in enumerate(rows):
+        off = 0
+        for sid, k in enumerate(members, start=1):
+            ti, s = flat[k]
+            seq = np.concatenate([s.prompt_ids, s.completion_ids])
+            L = len(seq) - 1
+            P = len(s.prompt_ids)
+            sl = slice(off, off + L)
+            tokens[row, sl] = seq[:-1]
+            targets[row, sl] = seq[1:]
+            positions[row, sl] = np.arange(L, dtype=np.int32)
+            segment_ids[row, sl] = sid
+            traj_index[row, sl] = ti
+            # Completion token j sits at sequence position P + j, i.e. target index P + j - 1.
+            csl = slice(off + P - 1, off + L)
+            m = s.loss_mask
+            loss_mask[row, csl] = m
+            behaviour[row, csl] = np.where(m, s.behaviour_logprobs, 0.0)
+            versions[row, csl] = np.where(m, s.policy_versions, -1)
+            if raw is not None:
+                raw[row, csl] = np.where(m, s.raw_logprobs, 0.0)
+            if routes is not None:
+                routes[row, sl] = s.routes[:-1]
+            off += L
+
+    # Per-trajectory arrays.
+    group_ids: dict[str, int] = {}
+    group_index = np.full((n,), -1, np.int32)
+    for i, t in enumerate(trajs):
+        group_index[i] = group_ids.setdefault(t.group_id, len(group_ids))
+    if min_group_size > 1:
+        sizes = np.bincount(group_index[: len(trajs)], minlength=len(group_ids))
+        small = [g for g, gi in group_ids.items() if sizes[gi] < min_group_size]
+        if small:
+            raise ValueError(f"group_id: groups {small[:5]} have fewer than min_group_size={min_group_size} trajectories")
+    valid = np.zeros((n,), np.float32)
+    valid[: len(trajs)] = 1.0
+    infra = np.zeros((n,), np.float32)
+    infra[: len(trajs)] = [float(t.infra_failed) for t in trajs]
+    names = list(reward_names) if reward_names is not None else sorted({k for t in trajs for k in t.reward_terms})
+    reward_terms = {}
+    for name in names:
+        v = np.full((n,), np.nan, np.float32)
+        v[: len(trajs)] = [float(t.reward_terms.get(name, np.nan)) for t in trajs]
+        reward_terms[name] = v
+    effort = {}
+    for f in EFFORT_FIELDS:
+        v = np.zeros((n,), np.float32)
+        v[: len(trajs)] = [getattr(t.effort, f) for t in trajs]
+        effort[f] = v
+    tool_stats = {k: np.zeros((n,), np.float32) for k in ("calls", "malformed", "failed")}
+    for i, t in enumerate(trajs):
+        tool_stats["calls"][i] = len(t.tool_events)
+        tool_stats["malformed"][i] = sum(e.malformed for e in t.tool_events)
+        tool_stats["failed"][i] = sum((not e.ok) and not e.malformed for e in t.tool_events)
+    policy_tokens = np.zeros((n,), np.float32)
+    policy_tokens[: len(trajs)] = [t.num_policy_tokens for t in trajs]
+    num_segments = np.zeros((n,), np.int32)
+    num_segments[: len(trajs)] = [len(t.segments) for t in trajs]
+
+    batch: dict[str, Any] = dict(
+        tokens=tokens, targets=targets, loss_mask=loss_mask, behaviour_logp=behaviour, versions=versions,
+        positions=positions, segment_ids=segment_ids, traj_index=traj_index,
+        traj_valid=valid, infra_failed=infra, group_index=group_index, policy_tokens=policy_tokens,
+        num_segments=num_segments, reward_terms=reward_terms, effort=effort, tool_stats=tool_stats,
+    )
+    if raw is not None:
+        batch["raw_logp"] = raw
+    if routes is not None:
+        batch["routes"] = routes
+    return batch
