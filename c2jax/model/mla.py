@@ -1,0 +1,109 @@
+"""Multi-head latent attention (MLA, DeepSeek-V2/V3) over the ``attn`` params of params_spec.
+
+Per token the layer computes
+    q        = q_b(RMSNorm(q_a(x)))           or q_proj(x) when q_lora_rank is None  [H, nope + rope]
+    c_kv     = RMSNorm(kv_a(x)[:kv_lora])     the compressed latent                  [kv_lora]
+    k_rope   = RoPE(kv_a(x)[kv_lora:])        one rotary key shared by all heads      [rope]
+    k_nope_h, v_h = kv_b(c_kv)                per-head keys/values                   [H, nope], [H, v]
+and attends with score_h = (q_nope_h . k_nope_h + q_rope_h . k_rope) * softmax_scale.
+
+Only (c_kv, k_rope) are cached. Two equivalent ways to attend over a latent cache:
+* expanded: materialise k_nope/v for every cached position (cheap for long query blocks:
+  training and prefill);
+* absorbed (decode): fold kv_b into the query (q_lat_h = W_kb_h q_nope_h) and into the output
+  (o_h = W_vb_h^T (p_h . c_kv)), so a step costs O(T * H * kv_lora) and nothing per-head is
+  materialised over the cache.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from c2jax.model.config import ModelConfig
+from c2jax.model.norms import rms_norm
+from c2jax.model.rope import apply_rope, softmax_scale
+
+_NEG = -1e30  # masked logit (finite so fully masked padded rows stay NaN-free)
+
+
+def queries(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """x [B, S, D] -> q [B, S, H, qk_head] (before RoPE)."""
+    dt = x.dtype
+    if cfg.attention.q_lora_rank is None:
+        return jnp.einsum("bsd,dhk->bshk", x, p["q_proj"]["kernel"].astype(dt))
+    qa = rms_norm(x @ p["q_a_proj"]["kernel"].astype(dt), p["q_a_norm"]["scale"], cfg.rms_norm_eps)
+    return jnp.einsum("bsq,qhk->bshk", qa, p["q_b_proj"]["kernel"].astype(dt))
+
+
+def latents(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, cfg: ModelConfig
+            ) -> tuple[jax.Array, jax.Array]:
+    """x [B, S, D] -> (c_kv [B, S, kv_lora] normed, k_rope [B, S, rope] rotated): what is cached."""
+    a = cfg.attention
+    kv = x @ p["kv_a_proj"]["kernel"].astype(x.dtype)  # [B, S, kv_lora + rope]
+    c_kv = rms_norm(kv[..., : a.kv_lora_rank], p["kv_a_norm"]["scale"], cfg.rms_norm_eps)
+    k_rope = apply_rope(kv[..., a.kv_lora_rank:], cos, sin, a.rope_interleave)
+    return c_kv, k_rope
+
+
+def _softmax(scores: jax.Array, mask: jax.Array) -> jax.Array:
+    """scores [B, H, S, T] f32, mask [B, S, T] bool -> probabilities (f32)."""
+    scores = jnp.where(mask[:, None], scores, _NEG)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Array, k_rope: jax.Array,
+                    mask: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Attention with per-head keys/values expanded from the latents.
+
+    q_nope [B,S,H,nope], q_rope [B,S,H,rope], c_kv [B,T,kv_lora], k_rope [B,T,rope], mask [B,S,T]
+    -> per-head outputs [B, S, H, v]."""
+    a, dt = cfg.attention, q_nope.dtype
+    kv = jnp.einsum("btc,chk->bthk", c_kv, p["kv_b_proj"]["kernel"].astype(dt))  # [B,T,H,nope+v]
+    k_nope, v = kv[..., : a.qk_nope_head_dim], kv[..., a.qk_nope_head_dim:]
+    s = jnp.einsum("bshk,bthk->bhst", q_nope, k_nope, preferred_element_type=jnp.float32)
+    s = s + jnp.einsum("bshr,btr->bhst", q_rope, k_rope, preferred_element_type=jnp.float32)
+    prob = _softmax(s * softmax_scale(a), mask).astype(dt)  # [B,H,S,T]
+    return jnp.einsum("bhst,bthv->bshv", prob, v)
+
+
+def attend_absorbed(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Array, k_rope: jax.Array,
+                    mask: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Same result as `attend_expanded`, with kv_b absorbed into query and output (decode)."""
+    a, dt = cfg.attention, q_nope.dtype
+    w = p["kv_b_proj"]["kernel"].astype(dt)  # [kv_lora, H, nope + v]
+    w_k, w_v = w[..., : a.qk_nope_head_dim], w[..., a.qk_nope_head_dim:]
+    q_lat = jnp.einsum("bshk,chk->bshc", q_nope, w_k)  # [B,S,H,kv_lora]
+    s = jnp.einsum("bshc,btc->bhst", q_lat, c_kv, preferred_element_type=jnp.float32)
+    s = s + jnp.einsum("bshr,btr->bhst", q_rope, k_rope, preferred_element_type=jnp.float32)
+    prob = _softmax(s * softmax_scale(a), mask).astype(dt)
+    o_lat = jnp.einsum("bhst,btc->bshc", prob, c_kv)  # [B,S,H,kv_lora]
+    return jnp.einsum("bshc,chv->bshv", o_lat, w_v)
+
+
+def mla(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, cfg: ModelConfig,
+        layer_cache: Optional[dict] = None, slots: Optional[jax.Array] = None
+        ) -> tuple[jax.Array, Optional[dict]]:
+    """One MLA layer. x [B, S, D]; cos/sin [B, S, rope/2]; mask [B, S, T] (T = S without a cache,
+    the cache length with one). With `layer_cache` ({c_kv [B,T,kv_lora], k_rope [B,T,rope]}) the new
+    latents are written at `slots` [B, S] (out-of-range slots are dropped) and attention runs over
+    the whole cache: absorbed form when S == 1, expanded otherwise. Returns (out [B,S,D], cache)."""
+    a = cfg.attention
+    q = queries(p, x, cfg)
+    q_nope = q[..., : a.qk_nope_head_dim]
+    q_rope = apply_rope(q[..., a.qk_nope_head_dim:], cos, sin, a.rope_interleave)
+    c_kv, k_rope = latents(p, x, cos, sin, cfg)
+    new_cache = None
+    if layer_cache is not None:
+        b = jnp.arange(x.shape[0])[:, None]
+        c_all = layer_cache["c_kv"].at[b, slots].set(c_kv.astype(layer_cache["c_kv"].dtype), mode="drop")
+        r_all = layer_cache["k_rope"].at[b, slots].set(k_rope.astype(layer_cache["k_rope"].dtype), mode="drop")
+        new_cache = {"c_kv": c_all, "k_rope": r_all}
+        c_kv, k_rope = c_all.astype(x.dtype), r_all.astype(x.dtype)
+        attend = attend_absorbed if x.shape[1] == 1 else attend_expanded
+    else:
+        attend = attend_expanded
+    o = attend(p, q_nope, q_rope, c_kv, k_rope, mask, cfg)  # [B,S,H,v]
+    out = jnp.einsum("bshv,hvd->bsd", o, p["o_proj"]["kernel"].astype(x.dtype))
+    return out, new_cache

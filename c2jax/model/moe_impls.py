@@ -1,0 +1,147 @@
+"""Routed-expert implementations, picked by ``config.model.moe.impl`` from the `MOE_IMPLS` registry.
+
+Every implementation has the signature
+    impl(p_experts, x [N, D], idx [N, k] int32, w [N, k] f32, m: MoEConfig) -> (y [N, D], dropped)
+where ``p_experts`` is the ``moe/experts`` params ({gate_proj, up_proj} [E, D, F], down_proj
+[E, F, D]), ``y = sum_j w[:, j] * expert_{idx[:, j]}(x)`` and ``dropped`` is the fraction of
+(token, slot) assignments that were not computed (always 0 for dropless implementations).
+
+* ``dropless`` (reference; parity tests and decode): sort the N*k assignments by expert and run
+  `jax.lax.ragged_dot` over the contiguous groups. Exact, but on CPU ragged_dot costs about as
+  much as running every expert on every token.
+* ``capacity`` (training on CPU): each expert gets a fixed buffer of
+  ``C = min(N, ceil(capacity_factor * N * k / E))`` rows; assignments are placed by a stable sort
+  (all first choices before second choices, earlier tokens first); overflow is dropped (its
+  contribution is zero; the residual and shared experts still carry the token) and reported.
+  The experts then run as one batched einsum over [E, C, D]. Not for decode (tiny N drops).
+* ``pallas``: the dropless layout with the grouped matmuls done by
+  `kernels_pallas.api.grouped_matmul` (built separately; imported lazily).
+
+``m.precision`` selects the expert-matmul arithmetic: 'f32' (default) and 'bf16' (bf16 operands,
+f32 accumulation) run in plain XLA; the low-precision recipes ('fp8_blockwise', 'mxfp8',
+'nvfp4_fwd_mxfp8_bwd') go through `kernels_pallas.api.grouped_matmul(lhs, rhs, group_sizes,
+precision=...)` for every implementation (the capacity layout is passed as E equal groups of C).
+`expert_matmul` below is that single hook.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from c2jax.model.config import MoEConfig
+from c2jax.registry import Registry
+
+MoEImpl = Callable[[dict, jax.Array, jax.Array, jax.Array, MoEConfig], "tuple[jax.Array, jax.Array]"]
+MOE_IMPLS: Registry[MoEImpl] = Registry("moe_impl")
+
+_XLA_PRECISIONS = ("f32", "bf16")
+
+
+def _kernels_grouped_matmul():
+    try:
+        from kernels_pallas.api import grouped_matmul  # type: ignore
+    except ImportError as e:  # pragma: no cover - depends on the kernels package being present
+        raise NotImplementedError(
+            "this MoE setting needs kernels_pallas.api.grouped_matmul (impl='pallas' or a "
+            f"low-precision moe.precision), which could not be imported: {e}") from e
+    return grouped_matmul
+
+
+def expert_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, precision: str,
+                  use_kernels: bool = False) -> jax.Array:
+    """Grouped matmul: rows of x [M, K] sorted by expert (group_sizes [E], sum <= M) times
+    w [E, K, F] -> [M, F] in x.dtype. The one place expert matmuls are dispatched on precision."""
+    if use_kernels or precision not in _XLA_PRECISIONS:
+        return _kernels_grouped_matmul()(x, w, group_sizes, precision=precision).astype(x.dtype)
+    if precision == "bf16":
+        return jax.lax.ragged_dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), group_sizes,
+                                  preferred_element_type=jnp.float32).astype(x.dtype)
+    return jax.lax.ragged_dot(x, w.astype(x.dtype), group_sizes)
+
+
+def batched_expert_matmul(x: jax.Array, w: jax.Array, precision: str) -> jax.Array:
+    """Equal-size groups: x [E, C, K] times w [E, K, F] -> [E, C, F] in x.dtype."""
+    if precision not in _XLA_PRECISIONS:
+        e, c, k = x.shape
+        sizes = jnp.full((e,), c, jnp.int32)
+        return expert_matmul(x.reshape(e * c, k), w, sizes, precision).reshape(e, c, -1)
+    if precision == "bf16":
+        return jnp.einsum("eck,ekf->ecf", x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
+                          preferred_element_type=jnp.float32).astype(x.dtype)
+    return jnp.einsum("eck,ekf->ecf", x, w.astype(x.dtype))
+
+
+def _sort_assignments(idx: jax.Array, n_experts: int):
+    """Stable sort of the N*k assignments by expert, k-major (first choices first).
+
+    idx [N, k] -> (order [k*N] flat (slot-major) assignment ids in sorted order,
+    token [k*N] token of each sorted assignment, group_sizes [E], inverse [k*N])."""
+    n, k = idx.shape
+    flat_e = idx.T.reshape(-1)  # [k*N], assignment a = j*N + t
+    order = jnp.argsort(flat_e, stable=True)
+    token = order % n
+    sizes = jnp.zeros((n_experts,), jnp.int32).at[flat_e].add(1)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+    return flat_e, order, token, sizes, inverse
+
+
+def _swiglu_grouped(p: dict, xs: jax.Array, sizes: jax.Array, precision: str, use_kernels: bool) -> jax.Array:
+    g = expert_matmul(xs, p["gate_proj"], sizes, precision, use_kernels)
+    u = expert_matmul(xs, p["up_proj"], sizes, precision, use_kernels)
+    return expert_matmul(jax.nn.silu(g) * u, p["down_proj"], sizes, precision, use_kernels)
+
+
+def _dropless(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConfig, use_kernels: bool):
+    n, k = idx.shape
+    _, order, token, sizes, inverse = _sort_assignments(idx, m.n_routed_experts)
+    ys = _swiglu_grouped(p, x[token], sizes, m.precision, use_kernels)  # [k*N, D] sorted
+    y = ys[inverse].reshape(k, n, -1)  # back to assignment order, [k, N, D]
+    y = jnp.einsum("knd,nk->nd", y, w.astype(y.dtype))
+    return y, jnp.zeros((), jnp.float32)
+
+
+@MOE_IMPLS.register("dropless")
+def dropless_moe(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConfig):
+    """Sort + `jax.lax.ragged_dot` (exact; the reference)."""
+    return _dropless(p, x, idx, w, m, use_kernels=False)
+
+
+@MOE_IMPLS.register("pallas")
+def pallas_moe(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConfig):
+    """Sort + `kernels_pallas.api.grouped_matmul` (exact, kernel-backed)."""
+    return _dropless(p, x, idx, w, m, use_kernels=True)
+
+
+def capacity(n_tokens: int, m: MoEConfig) -> int:
+    """Per-expert buffer rows of the capacity implementation (static)."""
+    return max(1, min(n_tokens, math.ceil(m.capacity_factor * n_tokens * m.top_k / m.n_routed_experts)))
+
+
+@MOE_IMPLS.register("capacity")
+def capacity_moe(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConfig):
+    """Fixed capacity per expert + one batched einsum over [E, C, D]; drops overflow."""
+    n, k = idx.shape
+    e, d = m.n_routed_experts, x.shape[-1]
+    c = capacity(n, m)
+    flat_e, order, token, sizes, inverse = _sort_assignments(idx, e)
+    starts = jnp.cumsum(sizes) - sizes  # [E]
+    sorted_e = flat_e[order]
+    pos_sorted = jnp.arange(n * k, dtype=jnp.int32) - starts[sorted_e]  # position within expert
+    keep_sorted = pos_sorted < c
+    # which token fills each buffer slot (sentinel n = a zero row)
+    slot_sorted = jnp.where(keep_sorted, sorted_e * c + pos_sorted, e * c)
+    slot_token = jnp.full((e * c,), n, jnp.int32).at[slot_sorted].set(token.astype(jnp.int32), mode="drop")
+    x_pad = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)], axis=0)
+    buf = x_pad[slot_token].reshape(e, c, d)  # [E, C, D]
+    g = batched_expert_matmul(buf, p["gate_proj"], m.precision)
+    u = batched_expert_matmul(buf, p["up_proj"], m.precision)
+    out = batched_expert_matmul(jax.nn.silu(g) * u, p["down_proj"], m.precision)  # [E, C, D]
+    out_pad = jnp.concatenate([out.reshape(e * c, d), jnp.zeros((1, d), out.dtype)], axis=0)
+    slot = slot_sorted[inverse]  # [k*N] slot of each assignment (e*c if dropped)
+    y = out_pad[slot].reshape(k, n, d)
+    y = jnp.einsum("knd,nk->nd", y, w.astype(y.dtype))
+    dropped = 1.0 - keep_sorted.astype(jnp.float32).mean()
+    return y, dropped

@@ -1,0 +1,190 @@
+"""The DeepSeek-V3 / Kimi-K2 decoder as two pure functions over the params_spec tree.
+
+    params = init(cfg, rng)                       # jit-compiled; normal(initializer_range) kernels,
+                                                  # ones for norm scales, zeros for router biases
+    out = apply(params, tokens, cfg, *, segment_ids=None, positions=None, cache=None, routes=None)
+
+`apply` returns a dict:
+    logits          [B, S, V] float32
+    mtp_logits      [mtp_depth, B, S, V] float32 (see mtp.py), or None (mtp_depth 0 or a cache)
+    hidden          [B, S, D] final-normed hidden states
+    router_scores   [n_moe_layers, B, S, E] float32 sigmoid scores (unbiased)
+    routes          [B, S, n_moe_layers, top_k] int32 experts used by every token (sorted by
+                    biased score when routed; as given, or after the plausibility check, when replayed)
+    expert_counts   [n_moe_layers, E] int32 assignments of valid tokens (before capacity drops)
+    mtp_expert_counts [mtp_depth, E] int32 or None
+    dropped_fraction [n_moe_layers] float32 (capacity impl; 0 for dropless)
+    replaced_fraction [n_moe_layers] float32 (router replay plausibility replacements)
+    balance_loss    scalar: seq_aux_loss_coef * mean over MoE layers (main + MTP) of the
+                    sequence-wise balance loss (0 when the coefficient is 0)
+    cache           the updated cache (see cache.py) or None
+
+Arguments:
+* tokens [B, S] int.
+* segment_ids [B, S] int: packed sequences; a token attends only to earlier tokens with the same
+  id; id 0 marks padding (excluded from expert counts and the balance loss). Without a cache,
+  default positions restart at 0 at every segment start. With a cache see cache.py.
+* positions [B, S] int: RoPE positions (override the defaults).
+* cache: from `init_cache`; see cache.py for prefill/decode semantics.
+* routes [B, S, n_moe_layers, top_k] int: router replay (moe_router.replay_routes).
+
+Layers of each kind are stacked and run with `lax.scan` (compile time independent of depth).
+Compute dtype is cfg.dtype (params are cast at use); norms statistics, router, softmax and
+logits are float32.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+
+from c2jax.model.config import ModelConfig
+from c2jax.model.mla import mla
+from c2jax.model.moe import moe_block
+from c2jax.model.mtp import mtp_forward
+from c2jax.model.norms import rms_norm, swiglu_mlp
+from c2jax.model.params_spec import ParamSpec, param_specs
+from c2jax.model.rope import rope_cos_sin
+
+# ---- init ----------------------------------------------------------------------------------
+
+
+def _init_impl(cfg: ModelConfig, rng: jax.Array) -> dict:
+    specs = param_specs(cfg)
+    leaves, treedef = jax.tree_util.tree_flatten(specs, is_leaf=lambda x: isinstance(x, ParamSpec))
+    keys = jax.random.split(rng, len(leaves))
+    dt = jnp.dtype(cfg.param_dtype)
+
+    def draw(spec: ParamSpec, key: jax.Array) -> jax.Array:
+        if spec.init == "ones":
+            return jnp.ones(spec.shape, dt)
+        if spec.init == "zeros":
+            return jnp.zeros(spec.shape, dt)
+        return (jax.random.normal(key, spec.shape, jnp.float32) * cfg.initializer_range).astype(dt)
+
+    return jax.tree_util.tree_unflatten(treedef, [draw(s, k) for s, k in zip(leaves, keys)])
+
+
+@functools.lru_cache(maxsize=16)
+def _init_jit(cfg: ModelConfig):
+    return jax.jit(functools.partial(_init_impl, cfg))
+
+
+def init(cfg: ModelConfig, rng: jax.Array) -> dict:
+    """Random parameters for `cfg` (tree = params_spec.param_specs(cfg)); jit-compiled."""
+    return _init_jit(cfg)(rng)
+
+
+# ---- apply ---------------------------------------------------------------------------------
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """Position of each token within its segment. [B, S] -> [B, S] int32."""
+    s = segment_ids.shape[1]
+    idx = jnp.arange(s, dtype=jnp.int32)[None]
+    start = jnp.concatenate([jnp.ones_like(segment_ids[:, :1], bool),
+                             segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    seg_start = jax.lax.cummax(jnp.where(start, idx, 0), axis=1)
+    return idx - seg_start
+
+
+def _block(p: dict, h: jax.Array, cos, sin, mask, cfg: ModelConfig, layer_cache, slots, valid, routes,
+           moe: bool):
+    """One pre-norm decoder block. Returns (h, new_layer_cache, moe stats or None)."""
+    a, new_cache = mla(p["attn"], rms_norm(h, p["attn_norm"]["scale"], cfg.rms_norm_eps), cos, sin, mask,
+                       cfg, layer_cache, slots)
+    h = h + a
+    x = rms_norm(h, p["mlp_norm"]["scale"], cfg.rms_norm_eps)
+    if moe:
+        y, stats = moe_block(p["moe"], x, cfg, valid, routes)
+    else:
+        y, stats = swiglu_mlp(p["mlp"], x), None
+    return h + y, new_cache, stats
+
+
+def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Optional[jax.Array] = None,
+          positions: Optional[jax.Array] = None, cache: Optional[dict] = None,
+          routes: Optional[jax.Array] = None) -> dict:
+    """Forward pass (see module docstring for arguments and outputs). Pure; jit it with cfg static."""
+    b, s = tokens.shape
+    dt = jnp.dtype(cfg.dtype)
+    valid = jnp.ones((b, s), bool) if segment_ids is None else segment_ids != 0
+    if cache is None:
+        slots = None
+        causal = jnp.tril(jnp.ones((s, s), bool))[None]
+        if segment_ids is not None:
+            mask = causal & (segment_ids[:, :, None] == segment_ids[:, None, :])
+            default_pos = segment_positions(segment_ids)
+        else:
+            mask = jnp.broadcast_to(causal, (b, s, s))
+            default_pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32)[None], (b, s))
+    else:
+        lengths = cache["lengths"]
+        slots = lengths[:, None] + jnp.arange(s, dtype=jnp.int32)[None]  # [B, S]
+        t = next(cache[k]["c_kv"].shape[2] for k in ("dense_layers", "moe_layers") if k in cache)
+        mask = jnp.arange(t, dtype=jnp.int32)[None, None, :] <= slots[:, :, None]  # [B, S, T]
+        default_pos = slots
+    positions = default_pos if positions is None else positions
+    cos, sin = rope_cos_sin(cfg.attention, positions)
+
+    h = params["embed"]["embedding"][tokens].astype(dt)  # [B, S, D]
+    new_cache = None if cache is None else {"lengths": cache["lengths"] + valid.sum(-1).astype(jnp.int32)}
+
+    if cfg.n_dense_layers:
+        def dense_step(h, xs):
+            lp, lc = xs
+            h, nc, _ = _block(lp, h, cos, sin, mask, cfg, lc, slots, valid, None, moe=False)
+            return h, nc
+        h, nc = jax.lax.scan(dense_step, h, (params["dense_layers"],
+                                             None if cache is None else cache["dense_layers"]))
+        if cache is not None:
+            new_cache["dense_layers"] = nc
+
+    n_moe = cfg.n_moe_layers
+    moe_out = {}
+    if n_moe:
+        layer_routes = None if routes is None else jnp.moveaxis(routes, 2, 0)  # [L, B, S, k]
+
+        def moe_step(h, xs):
+            lp, lc, lr = xs
+            h, nc, st = _block(lp, h, cos, sin, mask, cfg, lc, slots, valid, lr, moe=True)
+            return h, (nc, st)
+        h, (nc, st) = jax.lax.scan(moe_step, h, (params["moe_layers"],
+                                                 None if cache is None else cache["moe_layers"],
+                                                 layer_routes))
+        if cache is not None:
+            new_cache["moe_layers"] = nc
+        moe_out = st
+
+    hidden = rms_norm(h, params["final_norm"]["scale"], cfg.rms_norm_eps)
+    logits = jnp.einsum("bsd,dv->bsv", hidden, params["lm_head"]["kernel"].astype(dt),
+                        preferred_element_type=jnp.float32)
+
+    e, k = cfg.moe.n_routed_experts, cfg.moe.top_k
+    out = {
+        "logits": logits,
+        "hidden": hidden,
+        "router_scores": moe_out.get("scores", jnp.zeros((0, b, s, e), jnp.float32)),
+        "routes": (jnp.moveaxis(moe_out["routes"], 0, 2) if n_moe else jnp.zeros((b, s, 0, k), jnp.int32)),
+        "expert_counts": moe_out.get("counts", jnp.zeros((0, e), jnp.int32)),
+        "dropped_fraction": moe_out.get("dropped", jnp.zeros((0,), jnp.float32)),
+        "replaced_fraction": moe_out.get("replaced", jnp.zeros((0,), jnp.float32)),
+        "mtp_logits": None,
+        "mtp_expert_counts": None,
+        "cache": new_cache,
+    }
+    balance_terms = [moe_out["balance_loss"]] if n_moe else []
+    if cfg.mtp_depth and cache is None:
+        def block_fn(lp, x):
+            x, _, st = _block(lp, x, cos, sin, mask, cfg, None, None, valid, None, moe=True)
+            return x, st
+        mtp_logits, mtp_counts, mtp_bal = mtp_forward(params, hidden, tokens, cfg, block_fn)
+        out["mtp_logits"], out["mtp_expert_counts"] = mtp_logits, mtp_counts
+        balance_terms.append(mtp_bal)
+    if cfg.moe.seq_aux_loss_coef > 0 and balance_terms:
+        out["balance_loss"] = cfg.moe.seq_aux_loss_coef * jnp.concatenate(balance_terms).mean()
+    else:
+        out["balance_loss"] = jnp.zeros((), jnp.float32)
+    return out
