@@ -184,22 +184,34 @@ def _leaf(tree: Mapping[str, Any], path: Path) -> Any:
     return tree
 
 
+# Leaves kept in float32 whatever the parameter dtype, as transformers does
+# (`_keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]`): the router's
+# selection-only bias holds small corrections that bfloat16 would round away.
+FP32_LEAVES = (("router", "kernel"), ("router", "bias"))
+
+
+def leaf_dtype(path: Path, cfg: ModelConfig, dtype: Any = None) -> np.dtype:
+    """dtype of a loaded parameter: float32 for `FP32_LEAVES`, else `dtype` or `cfg.param_dtype`."""
+    if tuple(path[-2:]) in FP32_LEAVES:
+        return np.dtype(np.float32)
+    return _np_dtype(dtype) if dtype is not None else _np_dtype(cfg.param_dtype)
+
+
 def empty_params(cfg: ModelConfig, dtype: Any = None) -> dict:
     """Uninitialised numpy arrays shaped like `param_specs(cfg)` (filled slot by slot when loading)."""
-    dt = np.dtype(dtype) if dtype is not None else _np_dtype(cfg.param_dtype)
 
-    def build(t: Any) -> Any:
+    def build(t: Any, path: Path) -> Any:
         if isinstance(t, ParamSpec):
-            return np.empty(t.shape, dt)
-        return {k: build(v) for k, v in t.items()}
+            return np.empty(t.shape, leaf_dtype(path, cfg, dtype))
+        return {k: build(v, path + (k,)) for k, v in t.items()}
 
-    return build(param_specs(cfg))
+    return build(param_specs(cfg), ())
 
 
-def _np_dtype(name: str) -> np.dtype:
+def _np_dtype(name: Any) -> np.dtype:
     import ml_dtypes
 
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+    return np.dtype(ml_dtypes.bfloat16) if str(name) == "bfloat16" else np.dtype(name)
 
 
 def _fmt_list(names: Sequence[str], limit: int = 30) -> str:
@@ -255,7 +267,8 @@ def _spec_leaves(t: Any) -> Iterator[ParamSpec]:
 def params_from_hf_state_dict(sd: Mapping[str, np.ndarray], cfg: ModelConfig, *,
                               layout: Optional[str] = None, dtype: Any = None,
                               strict: bool = True) -> dict:
-    """Parameter tree (numpy arrays, `cfg.param_dtype` unless `dtype`) from an HF DeepSeek-V3 state dict.
+    """Parameter tree (numpy arrays, `cfg.param_dtype` unless `dtype`; router float32, see `FP32_LEAVES`)
+    from an HF DeepSeek-V3 state dict.
 
     `layout` defaults to the one the keys use. With `strict`, missing or unexpected tensors raise
     `CheckpointError` listing them (tensors in `ignorable_keys` are allowed and skipped).
@@ -270,7 +283,7 @@ def params_from_hf_state_dict(sd: Mapping[str, np.ndarray], cfg: ModelConfig, *,
 
 def hf_state_dict_from_params(params: Mapping[str, Any], cfg: ModelConfig, layout: str = "per_expert",
                               dtype: Any = None, mtp_shared_copies: bool = True) -> dict[str, np.ndarray]:
-    """HF DeepSeek-V3 state dict (numpy, params' dtype unless `dtype`) from a parameter tree.
+    """HF DeepSeek-V3 state dict (numpy, params' dtype unless `dtype`; `FP32_LEAVES` stay float32) from a tree.
 
     With `mtp_shared_copies` the MTP layers also get ``embed_tokens`` and ``shared_head.head``
     copies, as in the public DeepSeek-V3 checkpoint (vLLM/SGLang MTP loaders read them).
@@ -281,13 +294,15 @@ def hf_state_dict_from_params(params: Mapping[str, Any], cfg: ModelConfig, layou
 def iter_hf_tensors(params: Mapping[str, Any], cfg: ModelConfig, layout: str = "per_expert",
                     dtype: Any = None, mtp_shared_copies: bool = True) -> Iterator[tuple[str, np.ndarray]]:
     """Yield `(hf_key, array)` one at a time (what `save_pretrained` streams into shards)."""
-    dt = np.dtype(dtype) if dtype is not None else None
+    dt = _np_dtype(dtype) if dtype is not None else None
     for ent in key_plan(cfg, layout):
         ys = [np.asarray(_leaf(params, path)[idx]) for path, idx in ent.slots]
         x = np.ascontiguousarray(ent.to_hf(ys))
         if x.shape != ent.shape:
             raise CheckpointError(f"parameter for {ent.key!r} has shape {x.shape}, expected {ent.shape}")
-        yield ent.key, (x.astype(dt) if dt is not None and x.dtype != dt else x)
+        keep32 = any(tuple(path[-2:]) in FP32_LEAVES for path, _ in ent.slots)
+        want = np.dtype(np.float32) if keep32 and dt is not None else dt
+        yield ent.key, (x.astype(want) if want is not None and x.dtype != want else x)
     if mtp_shared_copies:
         for k in range(cfg.mtp_depth):
             pre = f"model.layers.{cfg.num_layers + k}."
