@@ -5,7 +5,8 @@ Every term is a pure function ``fn(outputs, batch, **cfg) -> (scalar, metrics)``
 * ``outputs`` is the dict returned by ``c2jax.model.apply``: ``logits`` [B, S, V], ``mtp_logits``
   [D, B, S, V] (MTP depth d = index d-1; position i of depth d predicts the token at i + d + 1,
   i.e. ``targets[i + d]``), ``router_scores`` [L, B, S, E] (sigmoid affinities of every MoE layer,
-  differentiable), ``routes`` [L, B, S, K] (selected expert ids), ``expert_counts`` [L, E].
+  differentiable), ``routes`` [B, S, L, K] (selected expert ids), ``expert_counts`` [L, E],
+  ``balance_loss`` (the model's own coefficient-weighted sequence-wise balance loss, main + MTP).
 * ``batch`` is the packed training batch: ``tokens`` [B, S] (model input), ``targets`` [B, S]
   (next token, ``targets[:, i] == tokens[:, i + 1]`` inside a document), ``loss_mask`` [B, S]
   (1 where ``targets`` counts: not padding, not a document's last token, only assistant tokens in
@@ -78,15 +79,14 @@ def moe_sequence_balance(outputs: Mapping[str, Any], batch: Mapping[str, Any]) -
     Per sequence (row) of T real tokens and layer: ``f_e = E / (K T) * #{t: e in top-k(t)}``,
     ``P_e = mean_t s'_{t,e}`` with ``s'`` the affinities normalised over experts; the loss is
     ``sum_e f_e P_e`` (1 for a perfectly balanced router, E/K when one set of experts takes all).
-    If the model reports its own ``seq_aux_loss`` it is used instead.
+    Uses ``router_scores`` [L, B, S, E] and ``routes`` [B, S, L, K] of the main MoE layers.
     """
-    if outputs.get("seq_aux_loss") is not None:
-        return jnp.asarray(outputs["seq_aux_loss"], jnp.float32), {}
     scores = outputs.get("router_scores")
     routes = outputs.get("routes")
-    if scores is None or routes is None:
+    if scores is None or routes is None or scores.shape[0] == 0:
         return jnp.zeros((), jnp.float32), {}
     scores = scores.astype(jnp.float32)  # [L, B, S, E]
+    routes = jnp.moveaxis(routes, 2, 0)  # [L, B, S, K]
     E, K = scores.shape[-1], routes.shape[-1]
     valid = _valid_tokens(batch)[None, :, :, None]  # [1, B, S, 1]
     T = jnp.maximum(jnp.sum(valid, axis=2), 1.0)  # [1, B, 1]
@@ -96,6 +96,14 @@ def moe_sequence_balance(outputs: Mapping[str, Any], batch: Mapping[str, Any]) -
     p = jnp.sum(s_norm * valid, axis=2) / T  # [L, B, E]
     per_row = jnp.sum(f * p, axis=-1)  # [L, B]
     return jnp.mean(per_row), {"max_load_frac": jnp.max(f) / E * K}
+
+
+@LOSSES.register("model_balance_loss")
+def model_balance_loss(outputs: Mapping[str, Any], batch: Mapping[str, Any]) -> tuple[jax.Array, dict]:
+    """The model's own ``balance_loss`` output (``model.moe.seq_aux_loss_coef`` times the
+    sequence-wise balance loss averaged over main and MTP MoE layers); weight it 1.0."""
+    v = outputs.get("balance_loss")
+    return (jnp.zeros((), jnp.float32) if v is None else jnp.asarray(v, jnp.float32)), {}
 
 
 def mtp_targets_mask(batch: Mapping[str, Any], depth: int) -> jax.Array:

@@ -89,11 +89,12 @@ def test_moe_seq_balance_is_one_when_balanced_and_e_over_k_when_collapsed():
     routes = np.zeros((L, B, S, K), np.int32)
     for t in range(S):
         routes[..., t, :] = [(t % 2) * 2, (t % 2) * 2 + 1]
+    routes = np.moveaxis(routes, 0, 2)  # the model's layout [B, S, L, K]
     val, _ = losses.moe_sequence_balance({"router_scores": scores, "routes": jnp.asarray(routes)}, batch)
     np.testing.assert_allclose(float(val), 1.0, rtol=1e-6)
     # Collapsed: all tokens pick experts 0,1 and put all affinity there.
     sc = jnp.zeros((L, B, S, E)).at[..., :K].set(1.0)
-    rt = jnp.broadcast_to(jnp.arange(K), (L, B, S, K))
+    rt = jnp.broadcast_to(jnp.arange(K), (B, S, L, K))
     val2, _ = losses.moe_sequence_balance({"router_scores": sc, "routes": rt}, batch)
     np.testing.assert_allclose(float(val2), E / K, rtol=1e-6)
 
@@ -109,3 +110,20 @@ def test_combined_loss_weights_terms_and_rejects_unknown_names():
     assert set(m) >= {"loss/xent", "loss/z_loss", "loss/total", "xent/tokens"}
     with pytest.raises(KeyError, match="known"):
         losses.combined_loss(out, b, {"xnet": 1.0})
+
+
+def test_moe_seq_balance_matches_the_models_own_balance_loss():
+    from c2jax.model.config import MoEConfig
+    from c2jax.model.moe_router import sequence_balance_loss
+
+    rng = np.random.default_rng(5)
+    L, B, S, E, K = 2, 3, 10, 8, 2
+    scores = jnp.asarray(rng.uniform(size=(L, B, S, E)), jnp.float32)
+    routes = jnp.asarray(np.argsort(-rng.uniform(size=(B, S, L, E)), -1)[..., :K], jnp.int32)
+    seg = np.ones((B, S), np.int32)
+    seg[2, 6:] = 0
+    batch = {"tokens": jnp.zeros((B, S), jnp.int32), "segment_ids": jnp.asarray(seg)}
+    val, _ = losses.moe_sequence_balance({"router_scores": scores, "routes": routes}, batch)
+    ref = np.mean([float(sequence_balance_loss(scores[layer], routes[:, :, layer], jnp.asarray(seg > 0),
+                                               MoEConfig(n_routed_experts=E, top_k=K))) for layer in range(L)])
+    np.testing.assert_allclose(float(val), ref, rtol=1e-5)

@@ -121,3 +121,32 @@ def test_muon_dimension_numbers_follow_logical_axes_of_the_real_param_tree():
     upd, _ = jax.jit(tx.update)(grads, st, params)
     assert float(jnp.abs(upd["moe_layers"]["moe"]["router"]["bias"]).max()) == 0.0
     assert float(jnp.abs(upd["moe_layers"]["moe"]["experts"]["down_proj"]).max()) > 0.0
+
+
+def test_real_tiny_model_trains_and_bias_rule_matches_model_update_router_bias():
+    from c2jax.model import init, update_router_bias
+    from c2jax.model.config import preset
+    from c2jax.model.params_spec import logical_axes, trainable_mask
+    from c2jax.train.step import aux_free_bias_update
+    from c2jax.train.pretrain import model_apply_fn
+
+    cfg = preset("tiny").replace(vocab_size=64, num_layers=2, max_position_embeddings=64)
+    params = init(cfg, jax.random.PRNGKey(0))
+    counts = {"moe_layers": jnp.asarray([[5.0, 0, 1, 2, 3, 4, 1, 0]]), "mtp": jnp.asarray([[0.0, 1, 1, 9, 0, 0, 2, 3]])}
+    a = aux_free_bias_update(params, counts, 0.01)
+    b = update_router_bias(params, counts, 0.01)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    sched = optim.make_schedule({"name": "constant", "peak_lr": 3e-3}, 10)
+    tx = optim.make_optimizer({"name": "adamw"}, sched, params, trainable=trainable_mask(cfg), axes=logical_axes(cfg))
+    state = TrainState.create(params, tx)
+    step = jax.jit(make_train_step(model_apply_fn(cfg), LOSS, bias_update_rate=1e-3))
+    batch = toy.random_batch(7, B=2, S=32, vocab=64)
+    first = None
+    for _ in range(6):
+        state, m = step(state, batch)
+        first = first if first is not None else float(m["loss/xent"])
+    assert float(m["loss/xent"]) < first - 0.3
+    assert float(m["loss/mtp_distill"]) > 0
+    bias = np.asarray(state.params["mtp"]["layer"]["moe"]["router"]["bias"])
+    assert np.abs(bias).max() > 0  # the MTP routers are balanced too

@@ -53,7 +53,7 @@ def apply(params, batch):
     mtp_logits = (mtp_h @ params["lm_head"]["kernel"])[None]
     counts = jnp.sum(jax.nn.one_hot(routes, scores.shape[-1]), axis=(0, 1, 2))[None]  # [1, E]
     return {"logits": logits, "mtp_logits": mtp_logits, "router_scores": scores[None],
-            "routes": routes[None], "expert_counts": counts}
+            "routes": routes[:, :, None], "expert_counts": counts}
 
 
 def random_batch(rng, B=4, S=16, vocab=V):

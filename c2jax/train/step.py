@@ -75,6 +75,10 @@ def make_train_step(apply_fn: ApplyFn, loss_cfg: Any, *, accum_steps: int = 1,
         outputs = apply_fn(params, micro)
         loss, metrics = combined_loss(outputs, micro, loss_cfg)
         counts = outputs.get("expert_counts")
+        if outputs.get("mtp_expert_counts") is not None:
+            counts = {"moe_layers": counts, "mtp": outputs["mtp_expert_counts"]}
+        if counts is not None:
+            counts = jax.tree_util.tree_map(lambda c: c.astype(jnp.float32), counts)
         return loss, (metrics, counts)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -112,7 +116,9 @@ def make_train_step(apply_fn: ApplyFn, loss_cfg: Any, *, accum_steps: int = 1,
             metrics["lr"] = jnp.asarray(schedule(state.step), jnp.float32)
         if counts is not None:
             c = jnp.asarray(jax.tree_util.tree_leaves(counts)[0], jnp.float32)
-            metrics["moe/max_over_mean_load"] = jnp.max(c / jnp.maximum(jnp.mean(c, -1, keepdims=True), 1e-9))
+            if c.size:
+                metrics["moe/max_over_mean_load"] = jnp.max(
+                    c / jnp.maximum(jnp.mean(c, -1, keepdims=True), 1e-9))
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return train_step
