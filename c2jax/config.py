@@ -23,6 +23,7 @@ SECTION_MODULES: dict[str, str] = {
     "model": "c2jax.model.config",
     "stages": "c2jax.train.config_checks",
     "seed": "c2jax.train.config_checks",
+    "rl": "c2jax.rl.config_checks",
 }
 
 VALIDATORS: Registry[Callable[["Checker", Any, Any], None]] = Registry("config_validator")

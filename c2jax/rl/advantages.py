@@ -1,0 +1,95 @@
+"""Group-relative advantages: A_i = R_i - baseline(group of i), optionally / std, times a constant.
+
+Composer 2 samples a fixed number G of rollouts per prompt and, following Dr. GRPO, uses the raw
+centred reward: no division by the group standard deviation (report 3.3). Two baselines:
+
+* ``grpo``: b_i = mean_j R_j over the group *including* i. E[sum_i A_i grad log pi(o_i)]
+  = (G - 1) grad J: unbiased up to the constant (G - 1) / G per sample.
+* ``rloo``: b_i = mean_{j != i} R_j (leave-one-out). A_rloo = G / (G - 1) * A_grpo, and
+  E[sum_i A_i grad log pi(o_i)] = G grad J: the baseline is independent of o_i, so each
+  sample's term is unbiased.
+
+``std_normalize=True`` divides by the group's sample std (+ eps). Off by default: when all rollouts
+in a group are (nearly) equally good the std is tiny and the division blows small behavioural
+differences up to unit-size advantages (tests/test_rl_advantages.py shows the scale blow-up),
+and it reweights prompts by 1 / std, which biases the gradient towards too-easy and too-hard prompts.
+
+Masking (every case reported in the metrics, never a NaN):
+* `valid` = 0 (N-axis padding, infrastructure failures): excluded from the baseline, advantage 0.
+* non-finite reward: treated as invalid, counted in ``adv/nonfinite_rewards``.
+* a group with fewer than 2 valid samples has no baseline: advantages 0, counted in
+  ``adv/small_groups``. (A *configured* group size of 1 is rejected by the `rl` config validator.)
+Groups are identified by `group_index` in [0, N) (-1 = none), so N bounds the number of groups and
+everything is static-shaped for jit; the [N, N] one-hot membership costs O(N^2), trivial next to
+the model.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from c2jax.registry import Registry
+
+ADVANTAGES: Registry = Registry("rl_advantage")
+
+
+def _group_sums(rewards: jax.Array, group_index: jax.Array, valid: jax.Array):
+    """Masked per-group count and sum, gathered back to samples. All outputs [N] except `member`."""
+    n = rewards.shape[0]
+    ok = (valid > 0) & jnp.isfinite(rewards) & (group_index >= 0)  # [N]
+    r = jnp.where(ok, rewards, 0.0)  # [N]
+    member = jax.nn.one_hot(group_index, n, dtype=r.dtype) * ok[:, None]  # [N, Gmax]
+    count_g = member.sum(0)  # [Gmax]
+    sum_g = member.T @ r  # [Gmax]
+    gi = jnp.clip(group_index, 0, n - 1)
+    return ok, r, member, count_g, sum_g, count_g[gi], sum_g[gi]
+
+
+def _finish(adv, r, ok, member, count_g, count_i, *, std_normalize, std_eps, scale, rewards, valid):
+    n_g = jnp.maximum(count_g, 1.0)
+    mean_g = (member.T @ r) / n_g  # [Gmax]
+    dev = (r[:, None] - mean_g[None, :]) * member  # [N, Gmax]
+    var_g = (dev ** 2).sum(0) / jnp.maximum(count_g - 1.0, 1.0)  # sample (n-1) variance
+    std_g = jnp.sqrt(var_g)
+    usable = ok & (count_i >= 2)
+    gi = jnp.argmax(member, axis=1)
+    if std_normalize:
+        adv = adv / (std_g[gi] + std_eps)
+    adv = jnp.where(usable, adv * scale, 0.0)
+    present = count_g > 0
+    metrics = {
+        "adv/mean": jnp.sum(adv) / jnp.maximum(usable.sum(), 1),
+        "adv/abs_mean": jnp.sum(jnp.abs(adv)) / jnp.maximum(usable.sum(), 1),
+        "adv/abs_max": jnp.max(jnp.abs(adv)),
+        "adv/nonfinite_rewards": jnp.sum((valid > 0) & ~jnp.isfinite(rewards)).astype(jnp.float32),
+        "adv/small_groups": jnp.sum(present & (count_g < 2)).astype(jnp.float32),
+        "adv/zero_std_groups": jnp.sum((count_g >= 2) & (var_g <= 1e-12)).astype(jnp.float32),
+        "adv/group_std_mean": jnp.sum(jnp.where(count_g >= 2, std_g, 0.0)) / jnp.maximum(jnp.sum(count_g >= 2), 1),
+        "adv/used_samples": usable.sum().astype(jnp.float32),
+    }
+    return adv, metrics
+
+
+@ADVANTAGES.register("grpo")
+def grpo_advantages(rewards: jax.Array, group_index: jax.Array, valid: jax.Array, *,
+                    std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0):
+    """A_i = scale * (R_i - mean of i's group) [/ std]. rewards, group_index, valid: [N] -> ([N], metrics)."""
+    ok, r, member, count_g, sum_g, count_i, sum_i = _group_sums(rewards, group_index, valid)
+    adv = r - sum_i / jnp.maximum(count_i, 1.0)
+    return _finish(adv, r, ok, member, count_g, count_i, std_normalize=std_normalize, std_eps=std_eps,
+                   scale=scale, rewards=rewards, valid=valid)
+
+
+@ADVANTAGES.register("rloo")
+def rloo_advantages(rewards: jax.Array, group_index: jax.Array, valid: jax.Array, *,
+                    std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0):
+    """A_i = scale * (R_i - mean of the *other* members of i's group) [/ std]. [N] -> ([N], metrics)."""
+    ok, r, member, count_g, sum_g, count_i, sum_i = _group_sums(rewards, group_index, valid)
+    adv = r - (sum_i - r) / jnp.maximum(count_i - 1.0, 1.0)
+    return _finish(adv, r, ok, member, count_g, count_i, std_normalize=std_normalize, std_eps=std_eps,
+                   scale=scale, rewards=rewards, valid=valid)
+
+
+def compute_advantages(name: str, rewards, group_index, valid, **kwargs):
+    """Look up the estimator `name` in ADVANTAGES and apply it."""
+    return ADVANTAGES.get(name)(rewards, group_index, valid, **kwargs)

@@ -1,0 +1,128 @@
+"""The composed RL loss: rewards -> (KL in reward) -> advantages -> policy objective -> aggregation (+ KL in loss).
+
+    loss_fn = make_rl_loss(config.rl)              # pieces picked by name, weights from the config
+    loss, metrics = loss_fn(logp, batch, logp_ref=logp_ref)   # jit/grad-compatible
+
+`logp` [B, L] is the learner's log pi(targets[b, t] | context) for the batch from
+`c2jax.trajectory.pad_batch` (the model forward is the trainer's job); `logp_ref` [B, L] is the
+reference policy's, needed only when the KL coefficient is > 0; `old_logp` [B, L] is an optional
+proximal policy for ``ppo``/``cispo`` (defaults to the behaviour logprobs). The config is read
+once, outside jit, so the returned function is pure and static-shaped.
+
+Masking: tokens of N-axis padding, infrastructure-failed trajectories and trajectories whose total
+reward is not finite are excluded from the loss (and counted in the metrics); tokens off the loss
+mask (prompts, tool outputs, padding) never reach the gradient, even if their logprob is NaN.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from c2jax.rl.advantages import ADVANTAGES
+from c2jax.rl.aggregation import AGGREGATIONS
+from c2jax.rl.kl import KL_PLACEMENTS, kl_loss_per_token, kl_metrics, kl_reward_penalty
+from c2jax.rl.objectives import POLICY_LOSSES
+from c2jax.rl.rewards import compute_rewards
+
+# Defaults follow the Composer 2 report: GRPO mean baseline without std division, plain policy
+# gradient, constant normaliser (Dr. GRPO), k1 KL (coefficient not disclosed; 0 = off) in the reward.
+DEFAULT_RL_CONFIG: dict[str, Any] = dict(
+    group_size=8,
+    advantage=dict(name="grpo", std_normalize=False, scale=1.0),
+    objective=dict(name="pg", tis_cap=None),
+    aggregation=dict(name="constant", constant=None),
+    kl=dict(coef=0.0, estimator="k1", placement="reward", log_ratio_clip=20.0),
+    rewards=dict(task=dict(weight=1.0)),
+)
+
+
+def _plain(x: Any) -> Any:
+    """ConfigDict / FrozenConfigDict / Mapping -> nested plain dicts."""
+    if hasattr(x, "to_dict"):
+        x = x.to_dict()
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
+
+
+def resolve_rl_config(cfg: Any = None) -> dict[str, Any]:
+    """DEFAULT_RL_CONFIG updated (one level deep per section) with `cfg`."""
+    out = copy.deepcopy(DEFAULT_RL_CONFIG)
+    for k, v in (_plain(cfg) or {}).items():
+        if k == "rewards":
+            out[k] = dict(v)  # the reward terms are replaced as a whole, never merged
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = {**out[k], **v}
+        else:
+            out[k] = v
+    return out
+
+
+def _gather(per_traj: jax.Array, traj_index: jax.Array) -> jax.Array:
+    """[N] -> [B, L]: the value of each token's trajectory, 0 at padding (traj_index = -1)."""
+    return jnp.where(traj_index >= 0, per_traj[jnp.clip(traj_index, 0)], 0.0)
+
+
+def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
+    """Build `loss_fn(logp, batch, logp_ref=None, old_logp=None) -> (scalar, metrics)` from an `rl` config."""
+    c = resolve_rl_config(cfg)
+    adv_cfg = dict(c["advantage"])
+    adv_fn = ADVANTAGES.get(adv_cfg.pop("name"))
+    obj_cfg = dict(c["objective"])
+    obj_fn = POLICY_LOSSES.get(obj_cfg.pop("name"))
+    agg_cfg = dict(c["aggregation"])
+    agg_fn = AGGREGATIONS.get(agg_cfg.pop("name"))
+    kl_cfg = dict(c["kl"])
+    coef = float(kl_cfg.get("coef", 0.0))
+    kind = kl_cfg.get("estimator", "k1")
+    placement = kl_cfg.get("placement", "reward")
+    clip = kl_cfg.get("log_ratio_clip", None)
+    if placement not in KL_PLACEMENTS:
+        raise ValueError(f"rl.kl.placement must be one of {KL_PLACEMENTS}, got {placement!r}")
+    reward_cfg = c["rewards"]
+
+    def loss_fn(logp: jax.Array, batch: Mapping[str, Any], logp_ref: jax.Array | None = None,
+                old_logp: jax.Array | None = None) -> tuple[jax.Array, dict]:
+        if logp.shape != batch["loss_mask"].shape:
+            raise ValueError(f"logp shape {logp.shape} != batch['loss_mask'] shape {batch['loss_mask'].shape}")
+        if coef > 0 and logp_ref is None:
+            raise ValueError("rl.kl.coef > 0 needs logp_ref (the reference policy's logprobs)")
+        ti = batch["traj_index"]  # [B, L]
+        n = batch["traj_valid"].shape[0]
+        valid = batch["traj_valid"] * (1.0 - batch["infra_failed"])  # [N]
+        rewards, metrics = compute_rewards(batch, reward_cfg, valid)  # [N]
+        base_mask = batch["loss_mask"] * _gather(valid, ti)  # [B, L]
+        if coef > 0 and placement == "reward":
+            pen = kl_reward_penalty(logp, logp_ref, base_mask, ti, n, kind=kind, coef=coef, log_ratio_clip=clip)
+            rewards = rewards - pen
+            metrics["kl/reward_penalty"] = jnp.sum(pen * valid) / jnp.maximum(valid.sum(), 1.0)
+        adv, am = adv_fn(rewards, batch["group_index"], valid, **adv_cfg)  # [N]
+        metrics.update(am)
+        usable = valid * jnp.isfinite(rewards)
+        mask = batch["loss_mask"] * _gather(usable, ti)  # [B, L]
+        adv_tok = _gather(adv, ti)  # [B, L]
+        per_tok, om = obj_fn(logp, adv_tok, mask, batch["behaviour_logp"], old_logp=old_logp, **obj_cfg)
+        metrics.update(om)
+        pg = agg_fn(per_tok, mask, ti, n, **agg_cfg)
+        loss = pg
+        metrics["loss/pg"] = pg
+        if coef > 0 and placement == "loss":
+            kl_term = coef * agg_fn(kl_loss_per_token(logp, logp_ref, mask, kind=kind, log_ratio_clip=clip),
+                                    mask, ti, n, **agg_cfg)
+            loss = loss + kl_term
+            metrics["loss/kl"] = kl_term
+        if logp_ref is not None:
+            metrics.update(kl_metrics(logp, logp_ref, mask))
+        ntok = jnp.maximum(mask.sum(), 1.0)
+        diff = jnp.where(mask > 0, jax.lax.stop_gradient(logp) - batch["behaviour_logp"], 0.0)
+        metrics["mismatch/abs_logp_diff"] = jnp.sum(jnp.abs(diff)) / ntok
+        metrics["batch/policy_tokens"] = mask.sum()
+        metrics["batch/infra_failed"] = jnp.sum(batch["infra_failed"] * batch["traj_valid"])
+        metrics["batch/trajectories"] = jnp.sum(usable)
+        metrics["loss/total"] = loss
+        return loss, metrics
+
+    return loss_fn

@@ -1,0 +1,118 @@
+"""Reward terms and their weighted sum: R_i = sum_label weight_label * term_label(batch)_i.
+
+Every term maps the padded batch (`c2jax.trajectory.pad_batch`) to one value per trajectory [N]
+and is reported separately in the metrics (``reward/<label>``), so a researcher sees which term
+moves. Registered terms (REWARD_TERMS):
+
+* ``term``: a value the grader or a behaviour monitor stored in the trajectory's `reward_terms`
+  (``key`` defaults to the label). The task reward from the hidden tests is ``task``; behaviour
+  monitors write e.g. ``comment_reasoning`` (chain of thought dumped into code comments),
+  ``terminal_only`` (collapsing to the terminal tool), ``unfinished_todos`` (report 3.4); give them
+  a weight in the config. A missing key fails at trace time naming it.
+* ``length_penalty``: -C_{k,q}(x) with x = sum_f w_f * effort_f over EFFORT_FIELDS (report 3.4),
+  C_{k,q}(x) = ((1 + k x)^(1-q) - 1) / (k (1 - q)). Positive config weight = penalty strength.
+* ``broken_tool_calls``: -(number of malformed tool calls). Real-time RL found the policy emitting
+  broken calls on hard tasks when such samples were discarded; they now count as negatives.
+
+A non-finite term makes that trajectory's total non-finite; the advantage estimator then masks it
+and counts it (``adv/nonfinite_rewards``), and ``reward/<label>/nonfinite`` says which term did it.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from c2jax.registry import Registry
+from c2jax.trajectory import EFFORT_FIELDS
+
+REWARD_TERMS: Registry = Registry("rl_reward_term")
+
+# Monitor-provided behaviour terms (conventional names in Trajectory.reward_terms).
+BEHAVIOUR_TERMS = ("comment_reasoning", "terminal_only", "unfinished_todos")
+
+
+def length_penalty(x: jax.Array, k: float, q: float) -> jax.Array:
+    """C_{k,q}(x) = ((1 + k x)^(1 - q) - 1) / (k (1 - q)), elementwise, for x >= 0, k >= 0, q >= 0.
+
+    Increasing and concave: C(0) = 0, C'(x) = (1 + k x)^(-q). q = 0 is linear (C = x); q = 1 is the
+    limit log(1 + k x) / k; q > 1 is bounded above by 1 / (k (q - 1)). Computed as
+    expm1((1 - q) log1p(k x)) / (k (1 - q)), accurate for q near 1; k = 0 gives C = x.
+    """
+    x = jnp.asarray(x, jnp.float32)
+    if k == 0:
+        return x
+    a = 1.0 - q
+    log1p_kx = jnp.log1p(k * x)
+    if abs(a) < 1e-7:
+        return log1p_kx / k
+    return jnp.expm1(a * log1p_kx) / (k * a)
+
+
+def effort_measure(effort: Mapping[str, jax.Array], weights: Mapping[str, float]) -> jax.Array:
+    """x = sum_f weights[f] * effort[f]; effort holds [N] arrays keyed by EFFORT_FIELDS."""
+    unknown = set(weights) - set(EFFORT_FIELDS)
+    if unknown:
+        raise KeyError(f"length_penalty weights: unknown effort fields {sorted(unknown)}; known: {list(EFFORT_FIELDS)}")
+    if not weights:
+        raise ValueError("length_penalty needs at least one effort weight")
+    return sum(float(w) * effort[f] for f, w in weights.items())
+
+
+@REWARD_TERMS.register("term")
+def term_from_trajectory(batch: Mapping[str, Any], *, key: str) -> jax.Array:
+    """The stored reward term `key` of each trajectory ([N], NaN where the trajectory lacked it)."""
+    terms = batch["reward_terms"]
+    if key not in terms:
+        raise KeyError(f"reward term {key!r} is not in batch['reward_terms'] (have {sorted(terms)}); "
+                       f"the grader or monitor must write it into Trajectory.reward_terms")
+    return jnp.asarray(terms[key], jnp.float32)
+
+
+@REWARD_TERMS.register("length_penalty")
+def length_penalty_term(batch: Mapping[str, Any], *, k: float, q: float, weights: Mapping[str, float]) -> jax.Array:
+    """-C_{k,q}(sum_f w_f effort_f) per trajectory [N]."""
+    return -length_penalty(effort_measure(batch["effort"], weights), k, q)
+
+
+@REWARD_TERMS.register("broken_tool_calls")
+def broken_tool_calls_term(batch: Mapping[str, Any]) -> jax.Array:
+    """-(number of malformed tool calls) per trajectory [N]."""
+    return -jnp.asarray(batch["tool_stats"]["malformed"], jnp.float32)
+
+
+def term_spec(label: str, cfg: Mapping[str, Any]) -> tuple[str, float, dict]:
+    """Resolve a config entry to (registered fn name, weight, kwargs).
+
+    The fn is cfg["fn"] if given, else the label if it names a registered term, else ``term`` with
+    key = label (so ``task=dict(weight=1.0)`` reads Trajectory.reward_terms["task"]).
+    """
+    cfg = dict(cfg)
+    weight = float(cfg.pop("weight", 1.0))
+    fn = cfg.pop("fn", None)
+    if fn is None:
+        fn = label if label in REWARD_TERMS else "term"
+    if fn == "term":
+        cfg.setdefault("key", label)
+    return fn, weight, cfg
+
+
+def compute_rewards(batch: Mapping[str, Any], terms: Mapping[str, Mapping[str, Any]], valid: jax.Array | None = None):
+    """Total reward [N] = sum of weighted terms, and metrics with every term's mean over valid samples."""
+    if not terms:
+        raise ValueError("rl.rewards: at least one reward term is needed")
+    n = batch["traj_valid"].shape[0]
+    valid = batch["traj_valid"] if valid is None else valid
+    total = jnp.zeros((n,), jnp.float32)
+    metrics = {}
+    for label, cfg in terms.items():
+        fn, weight, kwargs = term_spec(label, cfg)
+        value = REWARD_TERMS.get(fn)(batch, **kwargs)  # [N]
+        total = total + weight * value
+        finite = jnp.isfinite(value) & (valid > 0)
+        metrics[f"reward/{label}"] = jnp.sum(jnp.where(finite, value, 0.0)) / jnp.maximum(finite.sum(), 1)
+        metrics[f"reward/{label}/nonfinite"] = jnp.sum((valid > 0) & ~jnp.isfinite(value)).astype(jnp.float32)
+    finite = jnp.isfinite(total) & (valid > 0)
+    metrics["reward/total"] = jnp.sum(jnp.where(finite, total, 0.0)) / jnp.maximum(finite.sum(), 1)
+    return total, metrics
