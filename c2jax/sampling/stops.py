@@ -77,9 +77,10 @@ def token_byte_table(tokenizer: Any, vocab_size: int) -> list[bytes]:
     if hasattr(tokenizer, "token_bytes"):
         return [bytes(tokenizer.token_bytes(i)) for i in range(vocab_size)]
     hf = tokenizer
-    for attr in ("backend", "_tokenizer", "tokenizer"):
-        if not hasattr(hf, "id_to_token") and hasattr(hf, attr):
+    for attr in ("_hf", "backend", "_tokenizer", "tokenizer"):
+        if hasattr(hf, attr) and hasattr(getattr(hf, attr), "id_to_token"):
             hf = getattr(hf, attr)
+            break
     if not hasattr(hf, "id_to_token"):
         raise TypeError(f"cannot build a token -> bytes table from {type(tokenizer).__name__}")
     u2b = _unicode_to_byte()

@@ -1,0 +1,99 @@
+"""The engine's jitted device steps over a slot cache (fixed shapes; one compile per shape).
+
+The cache is the model's latent MLA cache (`c2jax.model.cache`) with one row per slot:
+``lengths [S]`` and per layer kind ``c_kv [L, S, T, kv_lora]``, ``k_rope [L, S, T, rope]``.
+Row ``s`` holds the KV of the sequence in slot ``s`` for positions ``0 .. lengths[s]-1``
+(positions = cache slots, so a sequence always starts at 0 in its row). Everything that varies per
+request (lengths, sampling parameters, seeds) is data, not shape:
+
+* `decode_step`: one token per slot ([S, 1], absorbed MLA); rows with ``active = False`` do not
+  advance (their write lands on their first free slot and is overwritten later).
+* `prefill_row`: a chunk of C tokens (C from a few bucket sizes) into ONE row starting at an
+  arbitrary offset (after a reused prefix), right-padded; samples from the last valid position.
+* `copy_row`: copy a row's latents to another row (prefix reuse from a sequence in another slot).
+* `spec_decode_step`: greedy speculative decoding with the model's MTP head (see spec.py).
+
+All take and return the cache with buffer donation, so a step does not copy it.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from c2jax.model.config import ModelConfig
+from c2jax.model.transformer import apply
+from c2jax.sampling.sample import sample_tokens
+
+_LAYER_KEYS = ("dense_layers", "moe_layers")
+
+
+def take_row(cache: dict, slot: jax.Array) -> dict:
+    """Row `slot` of the cache as a batch-1 cache."""
+    out = {"lengths": jax.lax.dynamic_slice_in_dim(cache["lengths"], slot, 1, 0)}
+    for k in _LAYER_KEYS:
+        if k in cache:
+            out[k] = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, 1), cache[k])
+    return out
+
+
+def put_row(cache: dict, row: dict, slot: jax.Array) -> dict:
+    """Write a batch-1 cache back into row `slot`."""
+    out = {"lengths": jax.lax.dynamic_update_slice_in_dim(cache["lengths"], row["lengths"], slot, 0)}
+    for k in _LAYER_KEYS:
+        if k in cache:
+            out[k] = jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, 1),
+                                  cache[k], row[k])
+    return out
+
+
+def _decode(cfg: ModelConfig, params: dict, cache: dict, tok: jax.Array, active: jax.Array,
+            samp: dict, draw: jax.Array):
+    """tok [S] int32 (last token of each slot, fed at position lengths[s]), active [S] bool,
+    samp {temperature, top_p [S] f32, top_k [S] int32, seed [S] uint32}, draw [S] int32 ->
+    (cache, next [S], logprob_sampling [S], logprob_raw [S], routes [S, n_moe, k] of the fed token)."""
+    out = apply(params, tok[:, None], cfg, segment_ids=active.astype(jnp.int32)[:, None], cache=cache)
+    nxt, lp_s, lp_r = sample_tokens(out["logits"][:, 0], samp["temperature"], samp["top_k"],
+                                    samp["top_p"], samp["seed"], draw)
+    return out["cache"], nxt, lp_s, lp_r, out["routes"][:, 0]
+
+
+def _prefill(cfg: ModelConfig, params: dict, cache: dict, slot: jax.Array, tokens: jax.Array,
+             start: jax.Array, n_valid: jax.Array, samp: dict, draw: jax.Array):
+    """tokens [C] written into row `slot` at positions start .. start+n_valid-1 (rest is padding).
+    samp: scalars. Returns (cache, next token, logprob_sampling, logprob_raw, routes [C, n_moe, k])."""
+    row = take_row(cache, slot)
+    row["lengths"] = jnp.reshape(start, (1,)).astype(jnp.int32)
+    c = tokens.shape[0]
+    seg = (jnp.arange(c) < n_valid).astype(jnp.int32)[None]
+    out = apply(params, tokens[None], cfg, segment_ids=seg, cache=row)
+    logits = jax.lax.dynamic_index_in_dim(out["logits"][0], n_valid - 1, 0, keepdims=True)  # [1, V]
+    s1 = {k: jnp.reshape(v, (1,)) for k, v in samp.items()}
+    nxt, lp_s, lp_r = sample_tokens(logits, s1["temperature"], s1["top_k"], s1["top_p"], s1["seed"],
+                                    jnp.reshape(draw, (1,)))
+    cache = put_row(cache, out["cache"], slot)
+    return cache, nxt[0], lp_s[0], lp_r[0], out["routes"][0]
+
+
+def _copy_row(cache: dict, src: jax.Array, dst: jax.Array, length: jax.Array) -> dict:
+    """Copy the latents of row `src` to row `dst` and set its length (prefix reuse)."""
+    row = take_row(cache, src)
+    row["lengths"] = jnp.reshape(length, (1,)).astype(jnp.int32)
+    return put_row(cache, row, dst)
+
+
+def _set_lengths(cache: dict, lengths: jax.Array) -> dict:
+    return dict(cache, lengths=lengths.astype(jnp.int32))
+
+
+@functools.lru_cache(maxsize=32)
+def compiled(cfg: ModelConfig) -> Any:
+    """The jitted steps for one (static) model config; the cache argument is donated."""
+    ns = type("Steps", (), {})()
+    ns.decode = jax.jit(functools.partial(_decode, cfg), donate_argnums=(1,))
+    ns.prefill = jax.jit(functools.partial(_prefill, cfg), donate_argnums=(1,))
+    ns.copy_row = jax.jit(_copy_row, donate_argnums=(0,))
+    ns.set_lengths = jax.jit(_set_lengths, donate_argnums=(0,))
+    return ns
