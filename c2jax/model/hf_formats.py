@@ -57,6 +57,8 @@ def dequantize_fp8_blocks(w: np.ndarray, scale_inv: np.ndarray, block: Sequence[
 
 def unpack_int32(packed: np.ndarray, num_bits: int, n: int, axis: int = 1) -> np.ndarray:
     """Inverse of compressed_tensors ``pack_to_int32`` along `axis`: int32 -> signed int8, first `n` values kept."""
+    if num_bits < 1 or 32 % num_bits:
+        raise CheckpointError(f"pack-quantized num_bits={num_bits} is not supported (must divide 32: 1, 2, 4, 8)")
     per = 32 // num_bits
     u = np.ascontiguousarray(packed).view(np.uint32)
     if axis == 0:
