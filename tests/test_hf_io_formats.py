@@ -248,3 +248,17 @@ def test_bad_checkpoints_fail_loudly(tmp_path):
     os.remove(str(tmp_path / "g" / "model-00002-of-00002.safetensors"))
     with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors.*does not exist"):
         from_pretrained(str(tmp_path / "g"))
+
+
+def test_model_init_params_save_and_load(tmp_path):
+    """The model's own `init` tree (jax arrays, with MTP) saves and loads back bit for bit."""
+    import jax
+
+    from c2jax.model.transformer import init
+
+    cfg = tiny_cfg(mtp=1)
+    params = init(cfg, jax.random.key(0))
+    save_pretrained(params, cfg, str(tmp_path / "x"), layout="fused", max_shard_bytes=100_000)
+    loaded, lcfg = from_pretrained(str(tmp_path / "x"))
+    assert lcfg == cfg
+    assert_trees_equal(jax.tree.map(np.asarray, params), loaded)

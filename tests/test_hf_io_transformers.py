@@ -91,7 +91,10 @@ def test_int4_matches_compressed_tensors():
     """compressed-tensors' own packer + group dequantiser vs our unpack/dequant (bf16 result bit-exact;
     ours is the exact float32 product, theirs rounds in the scale's bf16)."""
     ct = pytest.importorskip("compressed_tensors")
-    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    try:  # compressed-tensors >= 0.13 moved the packer
+        from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    except ImportError:
+        from compressed_tensors.compressors.quantized_compressors.pack_quantized import pack_to_int32
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
 

@@ -49,7 +49,11 @@ def dequantize_fp8_blocks(w: np.ndarray, scale_inv: np.ndarray, block: Sequence[
         raise CheckpointError(f"tensor {name + FP8_SCALE_SUFFIX!r} has shape {tuple(scale_inv.shape)}, "
                               f"expected {want} for weight {tuple(w.shape)} with {bo}x{bi} blocks")
     s = scale_inv.astype(np.float32)
-    s = np.repeat(np.repeat(s, bo, axis=0), bi, axis=1)[:out, :inn]  # [out, in]
+    if out % bo == 0 and inn % bi == 0:  # one float32 temporary: broadcast the scale over each block
+        wf = w.astype(np.float32).reshape(want[0], bo, want[1], bi)  # [nbo, bo, nbi, bi]
+        wf *= s[:, None, :, None]
+        return wf.reshape(out, inn)
+    s = np.repeat(np.repeat(s, bo, axis=0), bi, axis=1)[:out, :inn]  # [out, in] (partial edge blocks)
     return w.astype(np.float32) * s
 
 
@@ -179,8 +183,8 @@ class SafetensorsReader:
             start, end = info["data_offsets"]
             base = self._headers[fn]["__data_start__"]
             dt = np.dtype(_RAW_DTYPES[info["dtype"]])
-            return np.array(np.memmap(fn, dtype=np.uint8, mode="r", offset=base + start, shape=(end - start,))
-                            .view(dt).reshape(info["shape"]))
+            mm = np.memmap(fn, dtype=np.uint8, mode="r", offset=base + start, shape=(end - start,))
+            return np.asarray(mm).view(dt).reshape(info["shape"])  # read-only view; decoded by the caller
         if fn not in self._handles:
             self._handles[fn] = safe_open(fn, framework="np")
         return self._handles[fn].get_tensor(key)
