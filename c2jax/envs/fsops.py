@@ -67,7 +67,8 @@ def _split(rel: str) -> tuple[str, str]:
 
 def read_bytes(root_fd: int, path: str, max_bytes: int | None = None) -> bytes:
     rel = normalize(path)
-    fd = openat2(root_fd, rel or ".", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    # Symlinks inside the workspace are followed; RESOLVE_BENEATH refuses any that leave it.
+    fd = openat2(root_fd, rel or ".", os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -1,0 +1,110 @@
+"""Shared fixtures for the tests/test_envs_*.py files (not collected itself: no test_ prefix).
+
+Every test uses a private state directory (C2JAX_ENVS_DIR under pytest's tmp dir), so nothing
+touches a developer's real environment cache, and a tiny repository built into one environment.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+
+from c2jax.envs import sandbox as sandbox_mod
+from c2jax.envs.bwrap import bwrap_path
+from c2jax.envs.errors import SandboxError
+
+IS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: cgroup limits and the size-capped "
+                                "tmpfs disk quota are created by root (CI runs as root)")
+
+
+def _bwrap_ok() -> str | None:
+    try:
+        bwrap_path()
+        return None
+    except SandboxError as e:
+        return str(e)
+
+
+BWRAP_PROBLEM = _bwrap_ok()
+needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"no usable bwrap: {BWRAP_PROBLEM}")
+
+
+@pytest.fixture(scope="session")
+def envs_state(tmp_path_factory):
+    root = tmp_path_factory.mktemp("c2jax_envs_state")
+    old = os.environ.get("C2JAX_ENVS_DIR")
+    os.environ["C2JAX_ENVS_DIR"] = str(root)
+    yield str(root)
+    if old is None:
+        os.environ.pop("C2JAX_ENVS_DIR", None)
+    else:
+        os.environ["C2JAX_ENVS_DIR"] = old
+
+
+def make_repo(path) -> str:
+    """A small repository: text, binary, executable, symlink, nested dirs."""
+    os.makedirs(os.path.join(path, "pkg", "sub"), exist_ok=True)
+    files = {
+        "README.md": "demo repo\n",
+        "pkg/__init__.py": "",
+        "pkg/core.py": "def add(a, b):\n    return a + b\n",
+        "pkg/sub/data.txt": "line1\nline2\nline3\n",
+        "tests/test_core.py": "from pkg.core import add\n\ndef test_add():\n    assert add(1, 2) == 3\n",
+    }
+    for rel, text in files.items():
+        os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
+        with open(os.path.join(path, rel), "w") as f:
+            f.write(text)
+    with open(os.path.join(path, "blob.bin"), "wb") as f:
+        f.write(bytes(range(256)) * 8)
+    with open(os.path.join(path, "run.sh"), "w") as f:
+        f.write("#!/bin/sh\necho run\n")
+    os.chmod(os.path.join(path, "run.sh"), 0o755)
+    os.symlink("pkg/core.py", os.path.join(path, "core_link.py"))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def repo_env(envs_state, tmp_path_factory):
+    """(repo dir, env id) of the demo repository, built once per test session."""
+    from c2jax.envs import build_env
+
+    repo = make_repo(tmp_path_factory.mktemp("repo"))
+    return repo, build_env(repo)
+
+
+def assert_no_leftovers(sb, timeout: float = 5.0) -> None:
+    """After close(): no process in the sandbox's pid namespace, no cgroup, no mount, no files."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = sandbox_mod.pids_in_namespace(sb._pidns)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert not left, f"processes left after close(): {left}"
+    for path in sb._cg.paths:
+        assert not os.path.exists(path), f"cgroup left: {path}"
+    assert not os.path.exists(sb.dir), f"state left: {sb.dir}"
+    with open("/proc/self/mountinfo") as f:
+        assert sb.id not in f.read(), "tmpfs mount left"
+
+
+def tree_snapshot(root: str) -> dict:
+    """{relative path: (type, mode, content or link target)} of a host tree."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = os.path.join(d, name)
+            st = os.lstat(p)
+            rel = os.path.relpath(p, root)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("l", 0, os.readlink(p))
+            elif stat.S_ISREG(st.st_mode):
+                with open(p, "rb") as f:
+                    out[rel] = ("f", st.st_mode & 0o777, f.read())
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("d", st.st_mode & 0o777, None)
+    return out
