@@ -244,6 +244,12 @@ def test_bad_checkpoints_fail_loudly(tmp_path):
     write_checkpoint(str(tmp_path / "f"), hf_config_from_model_config(cfg), sd)
     with pytest.raises(CheckpointError, match=r"experts.0.gate_proj.weight.*lacking \['weight_scale'\]"):
         from_pretrained(str(tmp_path / "f"))
+    sd = hf_state_dict_from_params(params, cfg)
+    k = "model.layers.0.self_attn.o_proj.weight"
+    sd[k] = fp8_quantise(sd[k], 128)[0]  # float8 payload whose scale_inv is missing
+    write_checkpoint(str(tmp_path / "h"), hf_config_from_model_config(cfg), sd)
+    with pytest.raises(CheckpointError, match=r"o_proj.weight' has dtype F8_E4M3 but no quantisation scale"):
+        from_pretrained(str(tmp_path / "h"))
     _plain_ckpt(str(tmp_path / "g"), cfg, params)
     os.remove(str(tmp_path / "g" / "model-00002-of-00002.safetensors"))
     with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors.*does not exist"):

@@ -173,6 +173,10 @@ def test_kimi_configs():
     }
     want = preset("kimi_k2")
     assert model_config_from_hf(k2) == want
+    # yarn without original_max_position_embeddings in the rope dict: transformers' default
+    k2_omp = dict(k2, rope_scaling={"type": "yarn", "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                    "beta_fast": 1.0, "beta_slow": 1.0})
+    assert model_config_from_hf(k2_omp).attention.rope_scaling.original_max_position_embeddings == 131072
     k25 = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
            "text_config": k2, "vision_config": {"model_type": "moonvit"}}
     assert model_config_from_hf(k25) == want

@@ -150,7 +150,10 @@ def _rope_from_hf(d: Mapping[str, Any]) -> tuple[float, Optional[RopeScaling]]:
     if params.get("attention_factor") is not None:
         raise UnsupportedArchitectureError("yarn 'attention_factor' override is not supported (use mscale/mscale_all_dim)")
     factor = params.get("factor")
-    omp = params.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
+    # transformers' rule: a top-level original_max_position_embeddings wins, else the rope dict's,
+    # else max_position_embeddings.
+    omp = d.get("original_max_position_embeddings") or params.get("original_max_position_embeddings") \
+        or d.get("max_position_embeddings", 4096)
     if factor is None:
         factor = d["max_position_embeddings"] / omp
     if params.get("truncate", True) is not True:

@@ -114,6 +114,10 @@ def _decoder(reader: SafetensorsReader, logical: Mapping[str, _Logical], quant: 
         lg = logical[name]
         report.formats[lg.kind] = report.formats.get(lg.kind, 0) + 1
         if lg.kind == "plain":
+            dt = reader.dtype(lg.parts["value"])
+            if not (dt.startswith("F") or dt == "BF16") or dt.startswith("F8"):
+                raise CheckpointError(f"tensor {lg.parts['value']!r} has dtype {dt} but no quantisation scale "
+                                      f"(expected {lg.parts['value']}_scale_inv or a float tensor)")
             return reader.get(lg.parts["value"])
         if lg.kind == "fp8":
             return dequantize_fp8_blocks(reader.get(lg.parts["value"]), reader.get(lg.parts["scale_inv"]),
