@@ -161,9 +161,12 @@ def key_plan(cfg: ModelConfig, layout: str = "per_expert") -> list[Entry]:
 
 def ignorable_keys(cfg: ModelConfig, shapes: Mapping[str, Sequence[int]]) -> dict[str, str]:
     """Present tensors that carry nothing c2jax needs, with the reason: the MTP layers' copies of the
-    shared embedding/head, and the zero-sized ``shared_experts`` transformers creates when
-    ``n_shared_experts == 0``."""
+    shared embedding/head, RoPE ``inv_freq`` buffers, and the zero-sized ``shared_experts``
+    transformers creates when ``n_shared_experts == 0``."""
     out = {k: "MTP copy of the shared embedding / LM head" for k in mtp_shared_keys(cfg) if k in shapes}
+    for k in shapes:
+        if k.endswith(".rotary_emb.inv_freq"):  # stored by some older HF exports
+            out[k] = "RoPE frequency buffer (recomputed from the config)"
     if not cfg.moe.n_shared_experts:
         for k, shp in shapes.items():
             if ".mlp.shared_experts." in k and int(np.prod(shp)) == 0:
