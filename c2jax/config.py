@@ -24,6 +24,7 @@ SECTION_MODULES: dict[str, str] = {
     "stages": "c2jax.train.config_checks",
     "seed": "c2jax.train.config_checks",
     "rl": "c2jax.rl.config_checks",
+    "data": "c2jax.data.config_checks",
 }
 
 VALIDATORS: Registry[Callable[["Checker", Any, Any], None]] = Registry("config_validator")

@@ -1,0 +1,308 @@
+"""Corpus assembly: sources -> licence filter -> held-out split by package -> caps -> exact dedup -> manifest.
+
+    corpus = build_corpus(config.data, root="runs/data")    # -> Corpus(dir, manifest_hash, ...)
+
+Rules, in order, for every candidate of every source named in ``data.sources``:
+1. licence: the package's licence expression must be permissive under ``data.licences``
+   (default `licences.PERMISSIVE`); otherwise dropped (``licence:<expr>`` in the manifest's counts);
+2. files larger than ``data.max_file_bytes`` are dropped (generated tables, data blobs);
+3. split: a package matching ``data.held_out.packages`` (names or globs, PEP 503 normalised) or a
+   name exported by the tasks engineer in ``data.held_out.packages_file`` (.txt one per line,
+   .json list or {"packages": [...]}, .jsonl task records with ``source.package``) is held out;
+4. caps: ``max_bytes`` (train) and ``held_out_max_bytes`` per source, filled in a deterministic
+   hash order of paths so a capped corpus still samples many packages;
+5. exact duplicates (sha256 of the text) are removed, and a held-out document always wins: a
+   training copy of a held-out file (e.g. vendored, or the same module shipped twice) is dropped.
+   Vendored directories are attributed to the vendored package (`sources.vendored_package`), and
+   dropped entirely unless ``data.vendored = 'attribute'``.
+Derived sources (``sft_synth``) then run on the accepted documents and pass rules 3-5.
+
+Output (content-addressed, written atomically, skipped when already present):
+``<root>/corpus/<manifest_hash[:16]>/{manifest.json, train.jsonl, heldout.jsonl}``; documents are
+grouped by source (config order) so each source is one contiguous range of the shards. The manifest
+lists every document (source, package, path relative to its root, licence, sha256, bytes, split)
+plus drop counts and per-source totals; its sha256 (`manifest_hash`) keys the tokenizer and shards
+and is recorded with each run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from c2jax.data import licences
+from c2jax.data.sources import (SOURCES, Candidate, Document, SourceContext, matches_any,
+                                normalize_package)
+
+CORPUS_FORMAT = 1
+SPLITS = ("train", "heldout")
+
+
+class CorpusError(ValueError):
+    """The corpus cannot be built as configured (unknown source, empty source, bad held-out file)."""
+
+
+def cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    """`cfg.key` for ConfigDicts and dicts alike, `default` when absent or None."""
+    if cfg is None:
+        return default
+    try:
+        v = cfg[key]
+    except (KeyError, AttributeError, TypeError):
+        return default
+    return default if v is None else v
+
+
+def _to_plain(x: Any) -> Any:
+    if hasattr(x, "to_dict"):
+        x = x.to_dict()
+    if isinstance(x, dict):
+        return {str(k): _to_plain(v) for k, v in sorted(x.items())}
+    if isinstance(x, (list, tuple)):
+        return [_to_plain(v) for v in x]
+    return x
+
+
+def read_held_out_file(path: str) -> list[str]:
+    """Package names from an exported held-out list (.txt, .json or task .jsonl)."""
+    if not os.path.exists(path):
+        raise CorpusError(f"data.held_out.packages_file: {path} does not exist")
+    names: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        if path.endswith(".jsonl"):
+            for n, line in enumerate(text.splitlines()):
+                if line.strip():
+                    rec = json.loads(line)
+                    src = rec.get("source") if isinstance(rec.get("source"), dict) else {}
+                    name = src.get("package") or rec.get("package") or src.get("codebase") or rec.get("codebase")
+                    if not name:
+                        raise CorpusError(f"{path}:{n + 1}: task record has no source.package")
+                    names.append(name)
+        elif path.endswith(".json"):
+            obj = json.loads(text)
+            obj = obj.get("packages", obj.get("held_out", [])) if isinstance(obj, dict) else obj
+            if not isinstance(obj, list):
+                raise CorpusError(f"{path}: expected a JSON list of package names or {{'packages': [...]}}")
+            names = [str(x) for x in obj]
+        else:
+            names = [ln.split("#")[0].strip() for ln in text.splitlines() if ln.split("#")[0].strip()]
+    except json.JSONDecodeError as e:
+        raise CorpusError(f"{path}: not valid JSON ({e})") from None
+    return sorted({normalize_package(n) for n in names})
+
+
+def held_out_patterns(data_cfg: Any) -> list[str]:
+    ho = cfg_get(data_cfg, "held_out", {})
+    pats = [normalize_package(p) for p in cfg_get(ho, "packages", [])]
+    f = cfg_get(ho, "packages_file", "")
+    if f:
+        pats += read_held_out_file(f)
+    return sorted(set(pats))
+
+
+def source_order(data_cfg: Any) -> list[str]:
+    """Source names in build order: plain sources in config order, then derived ones."""
+    names = list(cfg_get(data_cfg, "sources", {}).keys())
+    for n in names:
+        if n not in SOURCES:
+            raise CorpusError(f"data.sources: unknown source {n!r}; known: {SOURCES.names()}")
+    return [n for n in names if not SOURCES.get(n).derived] + [n for n in names if SOURCES.get(n).derived]
+
+
+@dataclass
+class Corpus:
+    """A built corpus: its directory, manifest and hash."""
+
+    dir: str
+    manifest_hash: str
+    manifest: dict
+
+    def documents(self, split: str) -> Iterable[Document]:
+        with open(os.path.join(self.dir, f"{split}.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                yield Document.from_record(json.loads(line))
+
+    @classmethod
+    def load(cls, path: str) -> "Corpus":
+        mpath = os.path.join(path, "manifest.json")
+        if not os.path.exists(mpath):
+            raise CorpusError(f"corpus {path}: manifest.json missing (rerun `python -m c2jax.data build`)")
+        with open(mpath) as f:
+            m = json.load(f)
+        return cls(path, m["hash"], m)
+
+
+def corpus_config(data_cfg: Any) -> dict:
+    """The part of ``config.data`` that determines the corpus (hashed into the manifest)."""
+    keys = ("sources", "held_out", "licences", "max_file_bytes", "vendored")
+    d = {k: _to_plain(cfg_get(data_cfg, k)) for k in keys}
+    # Mix weights do not change the corpus, only how the loader samples it.
+    for s in (d.get("sources") or {}).values():
+        if isinstance(s, dict):
+            s.pop("weight", None)
+    return d
+
+
+def manifest_digest(manifest: dict) -> str:
+    body = {k: v for k, v in manifest.items() if k != "hash"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def collect(data_cfg: Any, progress: bool = True) -> tuple[dict[str, list[Document]], Counter, list[str]]:
+    """Run every source and apply the rules; returns (docs by split, drop counts, held-out list)."""
+    allowed = list(cfg_get(data_cfg, "licences", licences.PERMISSIVE))
+    max_file = int(cfg_get(data_cfg, "max_file_bytes", 200_000))
+    vendored = cfg_get(data_cfg, "vendored", "drop")
+    if vendored not in ("drop", "attribute"):
+        raise CorpusError(f"data.vendored must be 'drop' or 'attribute', got {vendored!r}")
+    held = held_out_patterns(data_cfg)
+    ctx = SourceContext(max_file_bytes=max_file, vendored=vendored)
+    dropped = ctx.dropped
+    names = source_order(data_cfg)
+    accepted: dict[str, list[Document]] = {}
+    seen: set[str] = set()  # sha256 of every accepted document
+    held_hashes: set[str] = set()  # sha256 of held-out documents and of the files they derive from
+    bar = _bar(len(names), progress, "corpus sources")
+    plain = [n for n in names if not SOURCES.get(n).derived]
+    derived = [n for n in names if SOURCES.get(n).derived]
+    for group in (plain, derived):
+        by_source = {}
+        for name in group:
+            ctx.accepted = accepted
+            by_source[name] = _collect_source(name, data_cfg, ctx, allowed, max_file, held)
+            bar.update(1)
+        # Exact dedup with held-out precedence: held-out documents claim their hashes first, and a
+        # training document derived from a held-out file (its docstrings, SFT examples) is dropped.
+        for split in ("heldout", "train"):
+            for name in group:
+                keep = []
+                for d in by_source[name]:
+                    if d.split != split:
+                        continue
+                    if split == "train" and (d.sha256 in held_hashes or d.origin_sha256 in held_hashes):
+                        dropped["duplicate of (or derived from) a held-out document"] += 1
+                        continue
+                    if d.sha256 in seen:
+                        dropped["exact duplicate"] += 1
+                        continue
+                    seen.add(d.sha256)
+                    if split == "heldout":
+                        held_hashes.update(h for h in (d.sha256, d.origin_sha256) if h)
+                    keep.append(d)
+                accepted.setdefault(name, []).extend(keep)
+    bar.close()
+    order = {n: i for i, n in enumerate(names)}
+    out: dict[str, list[Document]] = {s: [] for s in SPLITS}
+    for name in names:
+        for d in accepted.get(name, []):
+            out[d.split].append(d)
+    for split in SPLITS:
+        out[split].sort(key=lambda d: (order[d.source], d.package, d.path))
+    return out, dropped, held
+
+
+def _collect_source(name: str, data_cfg: Any, ctx: SourceContext, allowed: list[str], max_file: int,
+                    held: list[str]) -> list[Document]:
+    """Candidates of one source after licence, vendoring, split and cap rules (not yet deduped)."""
+    spec = SOURCES.get(name)
+    scfg = cfg_get(data_cfg, "sources")[name]
+    caps = {"train": int(cfg_get(scfg, "max_bytes", 1 << 62)),
+            "heldout": int(cfg_get(scfg, "held_out_max_bytes", cfg_get(scfg, "max_bytes", 1 << 62)))}
+    used = {"train": 0, "heldout": 0}
+    dropped = ctx.dropped
+    try:
+        items: list[Any] = list(spec.list_fn(scfg, ctx))
+    except (OSError, ValueError) as e:
+        raise CorpusError(f"data.sources.{name}: {e}") from e
+    items.sort(key=lambda c: hashlib.sha256(f"{c.package}/{c.path}".encode()).hexdigest())
+    docs: list[Document] = []
+    for c in items:
+        if not licences.is_permissive(c.licence, allowed):
+            dropped[f"licence:{c.licence}"] += 1
+            continue
+        if c.vendored_in is not None and matches_any(c.package, held):
+            dropped["vendored copy of a held-out package"] += 1
+            continue
+        split = "heldout" if matches_any(c.package, held) else "train"
+        size = len(c.text.encode()) if isinstance(c, Document) else c.size
+        if size > max_file:
+            dropped["larger than max_file_bytes"] += 1
+            continue
+        if used[split] >= caps[split]:
+            dropped[f"cap:{split}"] += 1
+            continue
+        doc = c if isinstance(c, Document) else _load(c)
+        if doc is None:
+            dropped["unreadable, not UTF-8, or nothing to extract"] += 1
+            continue
+        doc.split = split
+        used[split] += len(doc.text.encode("utf-8", "surrogatepass"))
+        docs.append(doc)
+    return docs
+
+
+def _load(c: Candidate) -> Document | None:
+    got = c.load()
+    text, origin = (got if isinstance(got, tuple) else (got, None))
+    if text is None or not text.strip():
+        return None
+    return Document(text, c.source, c.package, c.path, c.licence, kind=c.kind, vendored_in=c.vendored_in,
+                    origin_sha256=origin)
+
+
+def _bar(total: int, enabled: bool, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, file=sys.stderr, leave=False)
+
+
+def build_corpus(data_cfg: Any, root: str, progress: bool = True) -> Corpus:
+    """Collect, filter, split and dedup the corpus; write it content-addressed under `root`."""
+    splits, dropped, held = collect(data_cfg, progress)
+    names = source_order(data_cfg)
+    totals = {n: {s: {"docs": 0, "bytes": 0} for s in SPLITS} for n in names}
+    pkgs = {s: Counter() for s in SPLITS}
+    lic: dict[str, str] = {}
+    for split in SPLITS:
+        for d in splits[split]:
+            b = len(d.text.encode("utf-8", "surrogatepass"))
+            totals[d.source][split]["docs"] += 1
+            totals[d.source][split]["bytes"] += b
+            pkgs[split][d.package] += 1
+            lic[d.package] = d.licence
+    manifest = {
+        "format": CORPUS_FORMAT,
+        "config": corpus_config(data_cfg),
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "held_out_patterns": held,
+        "held_out_packages": sorted(pkgs["heldout"]),
+        "sources": totals,
+        "source_kinds": {n: SOURCES.get(n).kind for n in names},
+        "packages": {s: dict(sorted(pkgs[s].items())) for s in SPLITS},
+        "licences": dict(sorted(lic.items())),
+        "dropped": dict(sorted(dropped.items())),
+        "documents": {s: [d.record(with_text=False) for d in splits[s]] for s in SPLITS},
+    }
+    manifest["hash"] = manifest_digest(manifest)
+    out = os.path.join(root, "corpus", manifest["hash"][:16])
+    if os.path.exists(os.path.join(out, "manifest.json")):
+        return Corpus.load(out)
+    tmp = out + f".tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for split in SPLITS:
+        with open(os.path.join(tmp, f"{split}.jsonl"), "w", encoding="utf-8") as f:
+            for d in splits[split]:
+                f.write(json.dumps(d.record(), ensure_ascii=False) + "\n")
+    with open(os.path.join(tmp, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True, ensure_ascii=False)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return Corpus(out, manifest["hash"], manifest)

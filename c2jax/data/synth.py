@@ -1,0 +1,137 @@
+"""Synthesised SFT chat examples from real code documents (offline, deterministic).
+
+Two kinds, both checkable by construction:
+
+- ``implement``: the user gives a function's signature and docstring (body elided) and asks for
+  the implementation; the assistant answers with the original function source.
+- ``edit_diff``: the user shows a whole file in which one documented function's body has been
+  replaced by ``raise NotImplementedError`` and asks for that function to be implemented; the
+  assistant answers with the unified diff (``--- a/PATH`` / ``+++ b/PATH``) that restores the
+  original file. Applying the answer with ``git apply``/``patch`` gives back the real file.
+
+Each example is a Document of kind ``chat`` (JSON ``{"messages": [...], "tools": []}``) that keeps
+the package, path and licence of the file it came from, so the held-out split applies to it too.
+Selection is deterministic: candidates are ordered by a hash of (file sha256, function name) and
+the first `max_examples` per kind are kept, which spreads examples across packages.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import json
+import textwrap
+from typing import Iterable, Iterator
+
+from c2jax.data.sources import Document
+
+SYSTEM = "You are an expert Python programmer. Answer with code only."
+KINDS = ("implement", "edit_diff")
+
+
+def _functions(tree: ast.AST) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(qualified name, node) for functions and methods that have a docstring and a real body."""
+
+    def visit(node: ast.AST, prefix: str):
+        for ch in ast.iter_child_nodes(node):
+            if isinstance(ch, ast.ClassDef):
+                yield from visit(ch, f"{prefix}{ch.name}.")
+            elif isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if ast.get_docstring(ch) and len(ch.body) >= 2 and ch.end_lineno is not None:
+                    yield f"{prefix}{ch.name}", ch
+
+    yield from visit(tree, "")
+
+
+def _key(doc: Document, qual: str, kind: str) -> str:
+    return hashlib.sha256(f"{kind}:{doc.sha256}:{qual}".encode()).hexdigest()
+
+
+def _chat(user: str, answer: str) -> str:
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user},
+            {"role": "assistant", "content": answer}]
+    return json.dumps({"messages": msgs, "tools": []}, ensure_ascii=False, sort_keys=True)
+
+
+def stub_function(lines: list[str], fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """The file's lines with `fn`'s body after the docstring replaced by `raise NotImplementedError`."""
+    first_stmt = fn.body[1]
+    start = first_stmt.lineno - 1
+    if first_stmt.lineno == fn.body[0].end_lineno:  # docstring and code on one line: give up
+        return []
+    end = fn.end_lineno
+    indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
+    return lines[:start] + [f"{indent}raise NotImplementedError\n"] + lines[end:]
+
+
+def implement_example(doc: Document, lines: list[str], qual: str, fn, max_chars: int) -> Document | None:
+    start = (fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno) - 1
+    src = "".join(lines[start:fn.end_lineno])
+    if len(src) > max_chars:
+        return None
+    src = textwrap.dedent(src)
+    doc_end = fn.body[0].end_lineno
+    head = textwrap.dedent("".join(lines[start:doc_end]))
+    if not head.strip() or head == src:
+        return None
+    user = (f"Implement `{qual}` from `{doc.path}` ({doc.package}). Signature and docstring:\n\n"
+            f"```python\n{head.rstrip()}\n    ...\n```")
+    return Document(_chat(user, f"```python\n{src.rstrip()}\n```"), "sft_synth", doc.package,
+                    f"{doc.path}::{qual}#implement", doc.licence, kind="chat", vendored_in=doc.vendored_in,
+                    origin_sha256=doc.sha256)
+
+
+def edit_diff_example(doc: Document, lines: list[str], qual: str, fn, max_file_chars: int) -> Document | None:
+    if len(doc.text) > max_file_chars or not doc.text.endswith("\n"):
+        return None
+    before = stub_function(lines, fn)
+    if not before:
+        return None
+    diff = "".join(difflib.unified_diff(before, lines, fromfile=f"a/{doc.path}", tofile=f"b/{doc.path}", n=3))
+    if not diff:
+        return None
+    summary = (ast.get_docstring(fn) or "").strip().splitlines()[0]
+    user = (f"Here is `{doc.path}` from {doc.package}:\n\n```python\n{''.join(before)}```\n\n"
+            f"`{qual}` is a stub. Implement it ({summary}). Answer with a unified diff against the file.")
+    return Document(_chat(user, diff), "sft_synth", doc.package, f"{doc.path}::{qual}#edit_diff", doc.licence,
+                    kind="chat", vendored_in=doc.vendored_in, origin_sha256=doc.sha256)
+
+
+def synthesize(docs: Iterable[Document], kinds: Iterable[str] = KINDS, max_examples: int = 2000,
+               max_function_chars: int = 2000, max_file_chars: int = 6000) -> Iterator[Document]:
+    """Up to `max_examples` examples of each kind from Python source documents."""
+    kinds = list(kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise ValueError(f"unknown sft_synth kinds {bad}; known: {list(KINDS)}")
+    cands: dict[str, list[tuple[str, Document, str]]] = {k: [] for k in kinds}
+    parsed: dict[str, tuple[list[str], dict]] = {}
+    for doc in docs:
+        if doc.kind != "text" or not doc.path.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse(doc.text)
+        except (SyntaxError, ValueError):
+            continue
+        fns = dict(_functions(tree))
+        if not fns:
+            continue
+        parsed[doc.sha256] = (doc.text.splitlines(keepends=True), fns)
+        for k in kinds:
+            if k == "edit_diff" and len(doc.text) > max_file_chars:
+                continue
+            for qual in fns:
+                cands[k].append((_key(doc, qual, k), doc, qual))
+    for k in kinds:
+        made = 0
+        for _, doc, qual in sorted(cands[k], key=lambda c: c[0]):
+            if made >= max_examples:
+                break
+            lines, fns = parsed[doc.sha256]
+            if k == "implement":
+                ex = implement_example(doc, lines, qual, fns[qual], max_function_chars)
+            else:
+                ex = edit_diff_example(doc, lines, qual, fns[qual], max_file_chars)
+            if ex is not None:
+                made += 1
+                yield ex
