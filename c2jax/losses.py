@@ -184,9 +184,12 @@ def normalise_loss_config(loss_cfg: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def combined_loss(outputs: Mapping[str, Any], batch: Mapping[str, Any],
-                  loss_cfg: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Weighted sum of the configured loss terms; metrics ``loss/<term>`` and ``<term>/<metric>``."""
+def combined_loss(outputs: Mapping[str, Any], batch: Mapping[str, Any], loss_cfg: Any,
+                  gates: Mapping[str, jax.Array] | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Weighted sum of the configured loss terms; metrics ``loss/<term>`` and ``<term>/<metric>``.
+
+    ``gates``: optional traced multipliers per term (e.g. 0 before the step MTP training starts).
+    """
     total = jnp.zeros((), jnp.float32)
     metrics: dict[str, jax.Array] = {}
     for name, spec in normalise_loss_config(loss_cfg).items():
@@ -197,6 +200,7 @@ def combined_loss(outputs: Mapping[str, Any], batch: Mapping[str, Any],
         for k, v in extra.items():
             metrics[f"{name}/{k}"] = v
         if weight:
-            total = total + weight * value
+            g = 1.0 if gates is None or name not in gates else gates[name]
+            total = total + weight * g * value
     metrics["loss/total"] = total
     return total, metrics

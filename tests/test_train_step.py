@@ -150,3 +150,15 @@ def test_real_tiny_model_trains_and_bias_rule_matches_model_update_router_bias()
     assert float(m["loss/mtp_distill"]) > 0
     bias = np.asarray(state.params["mtp"]["layer"]["moe"]["router"]["bias"])
     assert np.abs(bias).max() > 0  # the MTP routers are balanced too
+
+
+def test_term_start_step_gates_a_loss_term():
+    state, _ = _state()
+    step = jax.jit(make_train_step(toy.apply, {"xent": 1.0, "mtp_distill": 1.0}, term_start_steps={"mtp_distill": 2}))
+    b = toy.random_batch(5)
+    totals = []
+    for _ in range(3):
+        state, m = step(state, b)
+        totals.append((float(m["loss"]), float(m["loss/xent"]), float(m["loss/mtp_distill"])))
+    assert totals[0][0] == totals[0][1] and totals[1][0] == totals[1][1]  # gated off at steps 0, 1
+    assert abs(totals[2][0] - (totals[2][1] + totals[2][2])) < 1e-5 and totals[2][2] > 0

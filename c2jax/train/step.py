@@ -66,14 +66,20 @@ def _split_micro(batch: Mapping[str, jax.Array], accum: int) -> dict:
 
 def make_train_step(apply_fn: ApplyFn, loss_cfg: Any, *, accum_steps: int = 1,
                     bias_update_rate: float = 0.0, bias_update_fn: Optional[BiasUpdateFn] = None,
-                    schedule: Optional[optax.Schedule] = None
-                    ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
-    """Build ``train_step(state, batch) -> (state, metrics)`` (not yet jitted)."""
-    bias_update_fn = bias_update_fn or aux_free_bias_update
+                    schedule: Optional[optax.Schedule] = None,
+                    term_start_steps: Optional[Mapping[str, int]] = None) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+    """Build ``train_step(state, batch) -> (state, metrics)`` (not yet jitted).
 
-    def loss_fn(params, micro):
+    ``term_start_steps``: ``{term: step}`` turns a loss term on only from that step (MTP
+    self-distillation started from a mid-run checkpoint).
+    """
+    bias_update_fn = bias_update_fn or aux_free_bias_update
+    starts = dict(term_start_steps or {})
+
+    def loss_fn(params, micro, step):
         outputs = apply_fn(params, micro)
-        loss, metrics = combined_loss(outputs, micro, loss_cfg)
+        gates = {k: (step >= v).astype(jnp.float32) for k, v in starts.items()}
+        loss, metrics = combined_loss(outputs, micro, loss_cfg, gates)
         counts = outputs.get("expert_counts")
         if outputs.get("mtp_expert_counts") is not None:
             counts = {"moe_layers": counts, "mtp": outputs["mtp_expert_counts"]}
@@ -85,15 +91,15 @@ def make_train_step(apply_fn: ApplyFn, loss_cfg: Any, *, accum_steps: int = 1,
 
     def train_step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict]:
         if accum_steps == 1:
-            (loss, (metrics, counts)), grads = grad_fn(state.params, batch)
+            (loss, (metrics, counts)), grads = grad_fn(state.params, batch, state.step)
         else:
             micro = _split_micro(batch, accum_steps)
             first = jax.tree_util.tree_map(lambda x: x[0], micro)
-            shapes = jax.eval_shape(grad_fn, state.params, first)
+            shapes = jax.eval_shape(grad_fn, state.params, first, state.step)
             zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
             def body(acc, mb):
-                out = grad_fn(state.params, mb)
+                out = grad_fn(state.params, mb, state.step)
                 return jax.tree_util.tree_map(jnp.add, acc, out), None
 
             acc, _ = jax.lax.scan(body, zeros, micro)
