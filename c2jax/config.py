@@ -21,6 +21,10 @@ from c2jax.registry import Registry
 # Section name -> module that registers its validator (imported lazily by `validate`).
 SECTION_MODULES: dict[str, str] = {
     "model": "c2jax.model.config",
+    "train": "c2jax.train.pretrain_config",
+    "cpt": "c2jax.train.pretrain_config",
+    "long_context": "c2jax.train.pretrain_config",
+    "sft": "c2jax.train.pretrain_config",
     "stages": "c2jax.train.config_checks",
     "seed": "c2jax.train.config_checks",
     "rl": "c2jax.rl.config_checks",

@@ -56,7 +56,11 @@ def main(argv: list[str]) -> int:
     maybe_initialize_distributed()
     from c2jax.train.stages import run_stages
 
-    summary = run_stages(config, workdir)
+    try:
+        summary = run_stages(config, workdir)
+    except ConfigError as e:  # a stage's pre-training checks (data, vocab, positions) failed
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"done: {workdir}/summary.json ({', '.join(summary)})")
     return 0
 

@@ -173,6 +173,22 @@ class Checkpointer:
         return None
 
 
+    def restore_params(self) -> Optional[tuple[int, Any]]:
+        """``(step, params)`` of the newest usable checkpoint, restored as saved (numpy arrays),
+        without needing the optimizer state's structure (the next stage may use another optimizer)."""
+        self._finalize_pending()
+        for step in sorted(self._mngr.all_steps(), reverse=True):
+            why = self._verify(step)
+            if why is None:
+                try:
+                    r = self._mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+                    return step, r["state"]["params"]
+                except Exception as e:  # noqa: BLE001
+                    why = f"restore failed: {type(e).__name__}: {str(e)[:300]}"
+            self._quarantine(step, why)
+        return None
+
+
 class PreemptionGuard:
     """Context manager: SIGTERM/SIGINT set ``.requested`` instead of killing the process.
 

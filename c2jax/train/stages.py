@@ -22,6 +22,9 @@ STAGES: Registry[StageFn] = Registry("stage")
 # Stage name -> module registering it (imported on demand).
 STAGE_MODULES: dict[str, str] = {
     "smoke": "c2jax.train.smoke",
+    "cpt": "c2jax.train.pretrain",
+    "long_context": "c2jax.train.pretrain",
+    "sft": "c2jax.train.pretrain",
 }
 
 
