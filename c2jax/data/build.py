@@ -35,6 +35,8 @@ from c2jax.data.shards import FORMAT_VERSION, ShardError, ShardReader, ShardWrit
 from c2jax.data.sources import Document
 
 TOKENIZER_FORMAT = 1
+BATCH_DOCS = 512  # documents tokenised and committed per shard batch (the resume granularity)
+BATCH_BYTES = 8 << 20
 
 
 @dataclass
@@ -215,7 +217,7 @@ def build_split(corpus: Corpus, split: str, tok: T.Tokenizer, out_dir: str, key:
                file=sys.stderr)
     done = writer.docs_done
     docs_iter = (d for j, d in enumerate(corpus.documents(split)) if j >= done)
-    for batch in _batches(docs_iter, 512, 8 << 20):
+    for batch in _batches(docs_iter, BATCH_DOCS, BATCH_BYTES):
         ids, masks = tokenize_docs(batch, tok, fmt)
         writer.write_batch(ids, masks, [src_id[d.source] for d in batch], [pkg_id[d.package] for d in batch])
         bar.update(len(batch))

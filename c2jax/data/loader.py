@@ -14,7 +14,8 @@ How a batch is made (global batch of B rows, S+1 tokens each):
      (stride S, length S+1, so every token is a target exactly once per epoch; the last window is
      padded); a document may span windows.
    - packing 'whole' (chat/SFT): whole documents packed greedily into rows in a seeded order;
-     a document longer than S+1 is truncated. No conversation is split across rows.
+     a document longer than S+1 tokens is left out (`Loader.skipped_long` counts them; truncating
+     would cut off the assistant answer). No conversation is split across rows.
 3. Segments: each document piece in a row gets its own segment id (1, 2, ...; 0 = padding), and
    positions restart at 0 for each segment, so attention (masked by segment id) never crosses a
    document boundary. A target is trained only when it is in the same segment as its input and
@@ -96,6 +97,7 @@ class Loader:
             raise DataError(f"data mix has no source with a positive weight: {dict(weights)}")
         self.weights = w / w.sum()
         packing = dict(packing or {})
+        self.skipped_long: dict[str, int] = {}
         self.windows: list[_Windows | None] = []
         for i, s in enumerate(reader.sources):
             p = packing.get(s.name, "whole" if s.kind == "chat" else "stream")
@@ -116,8 +118,14 @@ class Loader:
             n = max(1, -(-(s.n_tokens - 1) // S))  # ceil: the last, partial window is padded
             return _Windows("stream", n, lo=s.tok_lo, hi=s.tok_hi)
         off = self.reader.doc_offsets
-        lens = np.minimum(off[s.doc_lo + 1:s.doc_hi + 1] - off[s.doc_lo:s.doc_hi], S + 1)
+        lens = off[s.doc_lo + 1:s.doc_hi + 1] - off[s.doc_lo:s.doc_hi]
         order = np.random.default_rng([self.seed, 7919, i]).permutation(s.n_docs)
+        fits = lens[order] <= S + 1
+        self.skipped_long[s.name] = int((~fits).sum())
+        order = order[fits]
+        if len(order) == 0:
+            raise DataError(f"no document of source {s.name!r} fits in seq_len + 1 = {S + 1} tokens (longest "
+                            f"needs {int(lens.max())}); raise seq_len or use packing 'stream' for it")
         row_ptr = [0]
         fill = 0
         for j, d in enumerate(order):  # next-fit packing: O(docs), once per loader
@@ -148,7 +156,7 @@ class Loader:
             return [(a, min(w.hi, a + self.S + 1), True)]
         off = self.reader.doc_offsets
         docs = w.row_docs[w.row_ptr[j]:w.row_ptr[j + 1]]
-        return [(int(off[d]), int(min(off[d + 1], off[d] + self.S + 1)), False) for d in docs]
+        return [(int(off[d]), int(off[d + 1]), False) for d in docs]
 
     # ---- choices and state ----------------------------------------------------------------
     def choices(self, step: int) -> np.ndarray:
