@@ -16,7 +16,7 @@ import pytest
 from c2jax.model.config import ModelConfig
 from c2jax.model.hf_config import CheckpointError, UnsupportedArchitectureError, hf_config_from_model_config
 from c2jax.model.hf_formats import dequantize_packed, unpack_int32
-from c2jax.model.hf_io import from_pretrained, save_pretrained
+from c2jax.model.hf_io import from_pretrained, inspect_checkpoint, main, save_pretrained
 from c2jax.model.hf_keys import hf_state_dict_from_params
 
 from hf_ckpt_writers import (BF16, assert_trees_equal, tiny_cfg, fp8_expected, fp8_quantise, int4_pack,
@@ -57,6 +57,12 @@ def test_fp8_block_checkpoint_with_mtp(tmp_path, block, shards):
                                params["dense_layers"]["mlp"]["gate_proj"]["kernel"], rtol=0.07, atol=0.02)
     np.testing.assert_allclose(loaded["mtp"]["eh_proj"]["kernel"], params["mtp"]["eh_proj"]["kernel"],
                                rtol=0.07, atol=0.02)
+
+    # the weight-free check agrees on config, formats and ignored tensors
+    icfg, irep = inspect_checkpoint(str(tmp_path / "ckpt"))
+    assert icfg.param_dtype == "bfloat16"  # the checkpoint's dtype (from_pretrained above overrode it)
+    assert icfg.replace(dtype="float32", param_dtype="float32") == lcfg
+    assert irep.formats == rep.formats and irep.ignored == rep.ignored
 
     # without MTP: the MTP layer is listed as ignored
     l2, c2, rep2 = from_pretrained(str(tmp_path / "ckpt"), load_mtp=False, return_report=True)
@@ -147,6 +153,8 @@ def test_int4_kimi_k25_checkpoint(tmp_path, quant_in_text_config):
     E, n_moe = cfg.moe.n_routed_experts, cfg.n_moe_layers
     assert rep.formats["int4"] == 3 * E * n_moe
     assert set(rep.ignored) == info["ignored"]
+    icfg, irep = inspect_checkpoint(str(tmp_path / "k25"))
+    assert irep.formats == rep.formats and irep.ignored == rep.ignored
     from c2jax.model.hf_keys import params_from_hf_state_dict
     assert_trees_equal(loaded, params_from_hf_state_dict(info["expected"], cfg, dtype="float32"))
     # INT4 error is bounded by half a quantisation step of each group
@@ -210,8 +218,9 @@ def test_bad_checkpoints_fail_loudly(tmp_path):
         sd["model.layers.1.self_attn.kv_b_proj.weight"] = np.zeros((128, 31), np.float32)
 
     _plain_ckpt(str(tmp_path / "b"), cfg, params, reshape)
-    with pytest.raises(CheckpointError, match=r"kv_b_proj.weight'.*\(128, 31\).*\(128, 32\)"):
-        from_pretrained(str(tmp_path / "b"))
+    for fn in (from_pretrained, inspect_checkpoint):
+        with pytest.raises(CheckpointError, match=r"kv_b_proj.weight'.*\(128, 31\).*\(128, 32\)"):
+            fn(str(tmp_path / "b"))
 
     def arch(hf):
         hf.update(model_type="mixtral", architectures=["MixtralForCausalLM"])
@@ -270,3 +279,11 @@ def test_model_init_params_save_and_load(tmp_path):
     loaded, lcfg = from_pretrained(str(tmp_path / "x"))
     assert lcfg == cfg
     assert_trees_equal(jax.tree.map(np.asarray, params), loaded)
+
+
+def test_inspect_cli(tmp_path, capsys):
+    cfg = tiny_cfg(mtp=1)
+    save_pretrained(random_params(cfg), cfg, str(tmp_path))
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "layout=per_expert" in out and "model.layers.3.shared_head.head.weight" in out

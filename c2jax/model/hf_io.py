@@ -2,6 +2,7 @@
 
     params, cfg = from_pretrained("/ckpt/Kimi-K2-Instruct")          # numpy arrays, param tree of cfg
     params, cfg, report = from_pretrained(path, return_report=True)  # report.ignored: what was skipped
+    cfg, report = inspect_checkpoint(path)        # names + shapes checked, no weights read
     save_pretrained(params, cfg, "/out", layout="per_expert", max_shard_bytes=5 * 2**30)
 
 `from_pretrained` reads ``config.json`` (see `hf_config`) and the safetensors weights (single file or
@@ -42,6 +43,7 @@ from c2jax.model.hf_keys import (
 
 __all__ = [
     "CheckpointError", "UnsupportedArchitectureError", "LoadReport", "from_pretrained", "save_pretrained",
+    "inspect_checkpoint",
     "hf_config_from_model_config", "model_config_from_hf", "params_from_hf_state_dict",
     "hf_state_dict_from_params", "LAYOUTS",
 ]
@@ -142,15 +144,18 @@ def _mtp_layers(logical: Mapping[str, Any], num_layers: int) -> dict[int, list[s
     return {l: ks for l, ks in by_layer.items() if any(".eh_proj." in k for k in ks)}
 
 
-def from_pretrained(path: str, *, dtype: Optional[str] = None, load_mtp: bool = True,
-                    return_report: bool = False, **overrides: Any):
-    """Load an HF DeepSeek-V3 / Kimi-K2 / Kimi-K2.5 directory -> ``(params, cfg)`` (+ `LoadReport`).
+@dataclass
+class _Opened:
+    cfg: ModelConfig
+    reader: SafetensorsReader
+    logical: dict[str, _Logical]
+    plan: list
+    quant: Optional[Mapping[str, Any]]
+    report: LoadReport
 
-    params are numpy arrays in `dtype` (default: the checkpoint's ``dtype``/``torch_dtype``,
-    bfloat16 or float32; the router stays float32), shaped as `params_spec.param_specs(cfg)`.
-    `load_mtp=False` drops the MTP modules (cfg.mtp_depth = 0). `overrides` are `ModelConfig.replace`
-    keys for settings a checkpoint does not carry (e.g. ``**{'moe.impl': 'capacity'}``).
-    """
+
+def _open(path: str, dtype: Optional[str], load_mtp: bool, overrides: dict[str, Any]) -> _Opened:
+    """Read config.json and the tensor index, resolve prefix/layout/MTP, check names (no tensor data read)."""
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise CheckpointError(f"{path} has no config.json")
@@ -162,46 +167,83 @@ def from_pretrained(path: str, *, dtype: Optional[str] = None, load_mtp: bool = 
     quant = text_config(raw_cfg).get("quantization_config")
     report = LoadReport(path=path)
     reader = SafetensorsReader(path)
-    try:
-        keys = list(reader.keys())
-        report.prefix = next((p for p in LM_PREFIXES if any(k.startswith(p) for k in keys)), "")
-        logical = _group_tensors(keys, report.prefix, report)
-        report.layout = detect_layout(logical)
+    keys = list(reader.keys())
+    report.prefix = next((p for p in LM_PREFIXES if any(k.startswith(p) for k in keys)), "")
+    logical = _group_tensors(keys, report.prefix, report)
+    report.layout = detect_layout(logical)
 
-        # MTP modules: stored as extra decoder layers carrying eh_proj.
-        mtp = _mtp_layers(logical, cfg.num_layers)
-        if cfg.mtp_depth and not load_mtp:
-            cfg = cfg.replace(mtp_depth=0)
-            report.notes.append("MTP modules not loaded (load_mtp=False)")
-        elif cfg.mtp_depth and not mtp:
-            report.notes.append(f"config declares {cfg.mtp_depth} MTP module(s) but the checkpoint stores none "
-                                "(as transformers' own save does): loaded without MTP")
-            cfg = cfg.replace(mtp_depth=0)
-        extra = {l: ks for l, ks in mtp.items() if l >= cfg.num_layers + cfg.mtp_depth}
-        reason = {k: f"MTP module {l - cfg.num_layers} not loaded (mtp_depth={cfg.mtp_depth})"
-                  for l, ks in extra.items() for k in ks}
+    # MTP modules: stored as extra decoder layers carrying eh_proj.
+    mtp = _mtp_layers(logical, cfg.num_layers)
+    if cfg.mtp_depth and not load_mtp:
+        cfg = cfg.replace(mtp_depth=0)
+        report.notes.append("MTP modules not loaded (load_mtp=False)")
+    elif cfg.mtp_depth and not mtp:
+        report.notes.append(f"config declares {cfg.mtp_depth} MTP module(s) but the checkpoint stores none "
+                            "(as transformers' own save does): loaded without MTP")
+        cfg = cfg.replace(mtp_depth=0)
+    extra = {l: ks for l, ks in mtp.items() if l >= cfg.num_layers + cfg.mtp_depth}
+    reason = {k: f"MTP module {l - cfg.num_layers} not loaded (mtp_depth={cfg.mtp_depth})"
+              for l, ks in extra.items() for k in ks}
 
-        plan = key_plan(cfg, report.layout)
-        shapes = {k: reader.shape(lg.parts["value"]) for k, lg in logical.items() if lg.kind == "plain"}
-        ignorable = {**ignorable_keys(cfg, shapes), **reason}
-        check_keys([e.key for e in plan], logical.keys(), ignored=ignorable)
-        for k, why in ignorable.items():
-            if k in logical:
-                for stored in logical[k].parts.values():
-                    report.ignored[stored] = why
-        params = fill_params(cfg, plan, _decoder(reader, logical, quant, report),
-                             dtype=cfg.param_dtype)
-    finally:
-        reader.close()
+    plan = key_plan(cfg, report.layout)
+    shapes = {k: reader.shape(lg.parts["value"]) for k, lg in logical.items() if lg.kind == "plain"}
+    ignorable = {**ignorable_keys(cfg, shapes), **reason}
+    check_keys([e.key for e in plan], logical.keys(), ignored=ignorable)
+    for k, why in ignorable.items():
+        if k in logical:
+            for stored in logical[k].parts.values():
+                report.ignored[stored] = why
+    return _Opened(cfg, reader, logical, plan, quant, report)
+
+
+def _log_report(what: str, report: LoadReport) -> None:
     if report.ignored:
         reasons: dict[str, int] = {}
         for why in report.ignored.values():
             reasons[why] = reasons.get(why, 0) + 1
-        log.info("from_pretrained(%s): ignored %d tensor(s): %s", path, len(report.ignored),
+        log.info("%s(%s): ignored %d tensor(s): %s", what, report.path, len(report.ignored),
                  "; ".join(f"{n} x {w}" for w, n in reasons.items()))
     for note in report.notes:
-        log.warning("from_pretrained(%s): %s", path, note)
-    return (params, cfg, report) if return_report else (params, cfg)
+        log.warning("%s(%s): %s", what, report.path, note)
+
+
+def from_pretrained(path: str, *, dtype: Optional[str] = None, load_mtp: bool = True,
+                    return_report: bool = False, **overrides: Any):
+    """Load an HF DeepSeek-V3 / Kimi-K2 / Kimi-K2.5 directory -> ``(params, cfg)`` (+ `LoadReport`).
+
+    params are numpy arrays in `dtype` (default: the checkpoint's ``dtype``/``torch_dtype``,
+    bfloat16 or float32; the router stays float32), shaped as `params_spec.param_specs(cfg)`.
+    `load_mtp=False` drops the MTP modules (cfg.mtp_depth = 0). `overrides` are `ModelConfig.replace`
+    keys for settings a checkpoint does not carry (e.g. ``**{'moe.impl': 'capacity'}``).
+    """
+    o = _open(path, dtype, load_mtp, overrides)
+    try:
+        params = fill_params(o.cfg, o.plan, _decoder(o.reader, o.logical, o.quant, o.report),
+                             dtype=o.cfg.param_dtype)
+    finally:
+        o.reader.close()
+    _log_report("from_pretrained", o.report)
+    return (params, o.cfg, o.report) if return_report else (params, o.cfg)
+
+
+def inspect_checkpoint(path: str, *, load_mtp: bool = True, **overrides: Any) -> tuple[ModelConfig, LoadReport]:
+    """Validate a checkpoint without reading its weights: config, every tensor name, every (logical)
+    shape; counts the formats it would decode. Cheap even for a 1T-parameter checkpoint."""
+    o = _open(path, None, load_mtp, overrides)
+    try:
+        for ent in o.plan:
+            lg = o.logical[ent.key]
+            if lg.kind == "int4":
+                shape = tuple(int(v) for v in np.asarray(o.reader.get(lg.parts["weight_shape"])).reshape(-1))
+            else:
+                shape = o.reader.shape(lg.parts["value"])
+            if shape != ent.shape:
+                raise CheckpointError(f"tensor {ent.key!r} has shape {shape}, expected {ent.shape} from the config")
+            o.report.formats[lg.kind] = o.report.formats.get(lg.kind, 0) + 1
+    finally:
+        o.reader.close()
+    _log_report("inspect_checkpoint", o.report)
+    return o.cfg, o.report
 
 
 def _tensor_specs(params: Mapping[str, Any], cfg: ModelConfig, layout: str, dtype: Optional[str],
@@ -283,3 +325,29 @@ def save_pretrained(params: Mapping[str, Any], cfg: ModelConfig, path: str, *, l
         json.dump(hf, f, indent=2)
     written.append("config.json")
     return [os.path.join(path, w) for w in written]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m c2jax.model.hf_io PATH``: validate a checkpoint directory without loading weights."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("path")
+    args = ap.parse_args(argv)
+    cfg, rep = inspect_checkpoint(args.path)
+    from c2jax.model.config import count_params
+
+    print(f"{args.path}: layout={rep.layout} prefix={rep.prefix!r} formats={rep.formats}")
+    print(f"  {cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.moe.n_routed_experts} experts top-"
+          f"{cfg.moe.top_k}, mtp_depth {cfg.mtp_depth}, {count_params(cfg, include_mtp=True):,} parameters")
+    for note in rep.notes:
+        print(f"  note: {note}")
+    if rep.ignored:
+        print(f"  ignored {len(rep.ignored)} tensor(s):")
+        for k, why in sorted(rep.ignored.items()):
+            print(f"    {k}: {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
