@@ -261,6 +261,12 @@ def test_bad_checkpoints_fail_loudly(tmp_path):
     write_checkpoint(str(tmp_path / "h"), hf_config_from_model_config(cfg), sd)
     with pytest.raises(CheckpointError, match=r"o_proj.weight' has dtype F8_E4M3 but no quantisation scale"):
         from_pretrained(str(tmp_path / "h"))
+    def gptq(hf):
+        hf["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+
+    _plain_ckpt(str(tmp_path / "i"), cfg, params, config_mutate=gptq)
+    with pytest.raises(CheckpointError, match="quantization method 'gptq' is not supported"):
+        inspect_checkpoint(str(tmp_path / "i"))
     _plain_ckpt(str(tmp_path / "g"), cfg, params)
     os.remove(str(tmp_path / "g" / "model-00002-of-00002.safetensors"))
     with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors.*does not exist"):

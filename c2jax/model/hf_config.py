@@ -191,7 +191,9 @@ def model_config_from_hf(d: Mapping[str, Any], **overrides: Any) -> ModelConfig:
     theta, rope_scaling = _rope_from_hf(t)
     mtp = t.get("num_nextn_predict_layers", t.get("num_mtp_layers", 0)) or 0
     dt = str(t.get("dtype") or t.get("torch_dtype") or "float32").replace("torch.", "")
-    param_dtype = "bfloat16" if dt in ("bfloat16", "float16", "float8_e4m3fn") else "float32"
+    # bfloat16 checkpoints (FP8/INT4 ones declare bfloat16 too) load as bfloat16; anything else as
+    # float32, which holds float16 exactly.
+    param_dtype = "bfloat16" if dt == "bfloat16" else "float32"
     v = {theirs: t.get(theirs) for _, theirs in _FIELD_MAP}
     cfg = ModelConfig(
         vocab_size=v["vocab_size"], hidden_size=v["hidden_size"], num_layers=v["num_hidden_layers"],

@@ -116,13 +116,36 @@ def int4_settings(quant_cfg: Optional[Mapping[str, Any]]) -> tuple[int, Optional
         w = grp.get("weights") or {}
         if w.get("type", "int") != "int":
             raise CheckpointError(f"compressed-tensors weight type {w.get('type')!r} is not supported (only 'int')")
+        if w.get("strategy", "group") not in ("group", "channel"):
+            raise CheckpointError(f"compressed-tensors strategy {w.get('strategy')!r} is not supported "
+                                  "(only 'group' and 'channel')")
         return int(w.get("num_bits", 4)), w.get("group_size")
     return 4, None
 
 
+SUPPORTED_QUANT_METHODS = ("fp8", "compressed-tensors")
+
+
+def check_quantization(quant_cfg: Optional[Mapping[str, Any]]) -> None:
+    """Fail early, naming it, on a ``quantization_config`` this module cannot decode."""
+    if not quant_cfg:
+        return
+    method = quant_cfg.get("quant_method")
+    if method not in SUPPORTED_QUANT_METHODS:
+        raise CheckpointError(f"quantization method {method!r} is not supported; c2jax decodes "
+                              f"{list(SUPPORTED_QUANT_METHODS)} (FP8 blocks, compressed-tensors pack-quantized INT)")
+    if method == "fp8":
+        fp8_block_size(quant_cfg)
+    else:
+        int4_settings(quant_cfg)
+
+
 def fp8_block_size(quant_cfg: Optional[Mapping[str, Any]]) -> tuple[int, int]:
     if quant_cfg and quant_cfg.get("quant_method") == "fp8":
-        b = quant_cfg.get("weight_block_size") or [128, 128]
+        b = quant_cfg.get("weight_block_size")
+        if b is None or len(b) != 2:
+            raise CheckpointError(f"fp8 quantization_config needs weight_block_size [rows, cols], got {b!r} "
+                                  "(per-tensor FP8 is not supported)")
         return int(b[0]), int(b[1])
     return 128, 128
 

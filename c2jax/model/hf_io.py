@@ -36,7 +36,7 @@ from c2jax.model.config import ModelConfig
 from c2jax.model.hf_config import (
     CheckpointError, UnsupportedArchitectureError, hf_config_from_model_config, model_config_from_hf, text_config)
 from c2jax.model.hf_formats import (
-    SafetensorsReader, dequantize_fp8_blocks, dequantize_packed, fp8_block_size, int4_settings)
+    SafetensorsReader, check_quantization, dequantize_fp8_blocks, dequantize_packed, fp8_block_size, int4_settings)
 from c2jax.model.hf_keys import (
     FP32_LEAVES, LAYOUTS, _np_dtype, check_keys, detect_layout, fill_params, hf_state_dict_from_params,
     ignorable_keys, iter_hf_tensors, key_plan, params_from_hf_state_dict)
@@ -165,6 +165,7 @@ def _open(path: str, dtype: Optional[str], load_mtp: bool, overrides: dict[str, 
         overrides = dict(overrides, param_dtype=dtype, dtype=dtype)
     cfg = model_config_from_hf(raw_cfg, **overrides)
     quant = text_config(raw_cfg).get("quantization_config")
+    check_quantization(quant)
     report = LoadReport(path=path)
     reader = SafetensorsReader(path)
     keys = list(reader.keys())
