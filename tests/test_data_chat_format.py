@@ -1,6 +1,7 @@
 """Chat template: render = incremental build, assistant-only loss mask, parse inverts render."""
 import json
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from _data_fixtures import small_tokenizer
@@ -86,6 +87,14 @@ def test_openai_dicts_render_like_messages():
          Message("tool", "none", tool_call_id="functions.grep:0")]
     assert r.ids.tolist() == f.render(m).ids.tolist()
     assert Message.from_openai(m[1].to_openai()).tool_calls[0].arguments == '{"q":"x"}'
+    parts = {"role": "user", "content": [{"type": "text", "text": "h"}, {"type": "text", "text": "i"}]}
+    assert f.render([parts]).ids.tolist() == f.render([m[0]]).ids.tolist()
+    with pytest.raises(ValueError, match="only text content parts"):
+        Message.from_openai({"role": "user", "content": [{"type": "image_url"}]})
+    with pytest.raises(ValueError, match="role must be one of"):
+        Message("robot", "x")
+    with pytest.raises(ValueError, match="needs the tool_call_id"):
+        Message("tool", "x")
 
 
 @settings(max_examples=60, deadline=None)

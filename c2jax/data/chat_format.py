@@ -119,7 +119,13 @@ class Message:
             calls.append(ToolCall.from_openai(c, idx))
             if call_counter is not None:
                 call_counter[0] += 1
-        return cls(role=d["role"], content=d.get("content") or "", tool_calls=calls,
+        content = d.get("content") or ""
+        if isinstance(content, list):  # OpenAI content parts: keep the text parts, in order
+            bad = [p.get("type") for p in content if not (isinstance(p, dict) and p.get("type") == "text")]
+            if bad:
+                raise ValueError(f"{d['role']} message: only text content parts can be rendered, got {bad}")
+            content = "".join(p.get("text", "") for p in content)
+        return cls(role=d["role"], content=content, tool_calls=calls,
                    tool_call_id=d.get("tool_call_id"), reasoning=d.get("reasoning_content") or d.get("reasoning"),
                    train=bool(d.get("train", True)))
 
@@ -379,7 +385,12 @@ class Conversation:
         return make_call_id(name, self.num_tool_calls)
 
     def add_completion(self, completion_ids: Sequence[int]) -> ParsedAssistant:
-        """Append the header and the model's ids verbatim; close the turn if it was truncated."""
+        """Append the header and the model's ids verbatim; close the turn if it was truncated.
+
+        `completion_ids` are the sampled ids INCLUDING the stop token ``<|im_end|>`` when the model
+        produced it (it is a policy token: loss mask 1). Without it the turn counts as truncated and
+        a closing ``<|im_end|>`` with loss mask 0 is appended, so the next message is well formed.
+        """
         completion_ids = [int(i) for i in completion_ids]
         self._append(self.fmt.generation_prompt(), 0)
         self._append(completion_ids, 1)
