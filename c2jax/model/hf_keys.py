@@ -281,7 +281,13 @@ def params_from_hf_state_dict(sd: Mapping[str, np.ndarray], cfg: ModelConfig, *,
     if strict:
         shapes = {k: np.shape(v) for k, v in sd.items()}
         check_keys([e.key for e in plan], sd.keys(), ignored=ignorable_keys(cfg, shapes))
-    return fill_params(cfg, plan, lambda k: np.asarray(sd[k]), dtype)
+
+    def get(k: str) -> np.ndarray:
+        if k not in sd:
+            raise CheckpointError(f"missing tensor {k!r}")
+        return np.asarray(sd[k])
+
+    return fill_params(cfg, plan, get, dtype)
 
 
 def hf_state_dict_from_params(params: Mapping[str, Any], cfg: ModelConfig, layout: str = "per_expert",
