@@ -62,7 +62,7 @@ def replay_routes(scores: jax.Array, bias: jax.Array, routes: jax.Array, m: MoEC
     """Router replay: experts from `routes` [N, k] (recorded by a sampler), weights from `scores`.
 
     With ``m.replay_margin = None`` the recorded experts are used as given. With a margin
-    ``delta >= 0``, a recorded expert whose biased (group-masked) score is below this router's own
+    ``delta >= 0``, a recorded expert whose biased score is below this router's own
     k-th score minus delta is implausible: it is replaced by this router's best own choice not
     already among the kept recorded experts (so the k experts stay distinct).
     Returns (idx [N, k] int32, weights [N, k] f32, replaced [N, k] bool)."""
@@ -72,7 +72,10 @@ def replay_routes(scores: jax.Array, bias: jax.Array, routes: jax.Array, m: MoEC
         choice = _choice_scores(jax.lax.stop_gradient(scores), bias, m)
         own_val, own = jax.lax.top_k(choice, m.top_k)  # [N, k] sorted descending
         kth = own_val[:, -1:]
-        rec = jnp.take_along_axis(choice, routes, axis=1)
+        # the recorded expert's biased score (not group-masked: a recorded expert outside this
+        # router's chosen groups is judged by its score like any other)
+        biased = jax.lax.stop_gradient(scores) + jax.lax.stop_gradient(bias.astype(jnp.float32))[None]
+        rec = jnp.take_along_axis(biased, routes, axis=1)
         keep = rec >= kth - m.replay_margin  # [N, k]
         replaced = ~keep
         # candidates: own experts not among kept recorded experts, in own-score order
