@@ -19,7 +19,7 @@ from c2jax.model.hf_formats import dequantize_packed, unpack_int32
 from c2jax.model.hf_io import from_pretrained, inspect_checkpoint, main, save_pretrained
 from c2jax.model.hf_keys import hf_state_dict_from_params
 
-from hf_ckpt_writers import (BF16, assert_trees_equal, tiny_cfg, fp8_expected, fp8_quantise, int4_pack,
+from _hf_ckpt_writers import (BF16, assert_trees_equal, tiny_cfg, fp8_expected, fp8_quantise, int4_pack,
                              fp8_quantisable, random_params, write_checkpoint)
 
 # ---- FP8 (DeepSeek-V3 / Kimi-K2) -----------------------------------------------------------------

@@ -15,7 +15,7 @@ from c2jax.model.hf_formats import dequantize_packed, unpack_int32
 from c2jax.model.hf_io import from_pretrained, save_pretrained
 from c2jax.model.hf_keys import hf_state_dict_from_params, params_from_hf_state_dict
 
-from hf_ckpt_writers import BF16, assert_trees_equal, fp8_quantise, fp8_quantisable, random_params, write_checkpoint
+from _hf_ckpt_writers import BF16, assert_trees_equal, fp8_quantise, fp8_quantisable, random_params, write_checkpoint
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
