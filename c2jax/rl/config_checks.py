@@ -4,7 +4,8 @@ Errors (fail before compute): group size < 2 (no baseline), unknown advantage / 
 aggregation / KL estimator / reward-term names, keyword arguments a piece does not take,
 out-of-range clip ranges, caps, coefficients, and length-penalty parameters.
 Warnings (legal, probably unintended): k1 placed in the loss (zero expected gradient), k3 in the
-loss (gradient of the reverse KL), k2 in the reward (biased), std-normalised advantages and
+loss (gradient of the reverse KL), k2 in the reward (biased). k2 in the loss is accepted: its
+gradient is the per-token KL gradient with the state distribution held fixed (see kl.py), std-normalised advantages and
 sequence-mean-token-mean aggregation (the biases Dr. GRPO removes), a truncated-IS cap < 1.
 """
 from __future__ import annotations
@@ -123,10 +124,10 @@ def validate_rl(check: Checker, rl: Any, full: Any) -> None:
     if coef:
         if est == "k1" and place == "loss":
             check.warn("kl.placement", "k1 in the loss has zero expected gradient (E[grad log pi] = 0): the KL "
-                       "term does nothing; put k1 in the reward (placement='reward') or use k2 in the loss")
+                       "term does nothing; put k1 in the reward (placement='reward')")
         if est == "k3" and place == "loss":
-            check.warn("kl.placement", "k3 in the loss differentiates to the reverse KL(pi_ref || pi), not "
-                       "KL(pi || pi_ref); use k1 in the reward or k2 in the loss")
+            check.warn("kl.placement", "k3 in the loss differentiates to the per-token reverse KL(pi_ref || pi), "
+                       "not KL(pi || pi_ref); use k1 in the reward")
         if est == "k2" and place == "reward":
             check.warn("kl.estimator", "k2 is a biased KL estimate; in the reward its gradient is not grad KL")
 
