@@ -37,6 +37,8 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0,
         err = ctypes.get_errno()
         if err == errno.EXDEV:
             raise UnsafePath(f"{path!r} resolves outside /workspace (symlink, '..' or mount escape)")
+        if err in (errno.ENXIO, errno.ENODEV):  # a socket, FIFO without writer, or device
+            raise UnsafePath(f"{path!r} is not a regular file")
         if err == errno.ELOOP:
             raise UnsafePath(f"{path!r}: refusing to follow a symlink")
         raise OSError(err, os.strerror(err), path)
@@ -99,7 +101,7 @@ def _open_dir(root_fd: int, rel: str, create: bool) -> int:
                 os.mkdir(part, 0o755, dir_fd=fd)
             except FileExistsError:
                 pass
-            nxt = openat2(fd, part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+            nxt = openat2(fd, part, os.O_PATH | os.O_DIRECTORY)  # BENEATH: in-tree links only
             os.close(fd)
             fd = nxt
         return fd
@@ -113,7 +115,20 @@ def write_bytes(root_fd: int, path: str, data: bytes, mode: int = 0o644, make_di
     head, name = _split(rel)
     dfd = _open_dir(root_fd, head if head != "." else "", make_dirs)
     try:
-        fd = openat2(dfd, name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+        try:  # an existing FIFO, socket or device is refused before it is opened for writing
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                raise UnsafePath(f"{path!r} is a symlink; write to its target path instead")
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePath(f"{path!r} is not a regular file")
+        except FileNotFoundError:
+            pass
+        try:
+            fd = openat2(dfd, name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+        except OSError as e:
+            if e.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP, errno.EISDIR):
+                raise UnsafePath(f"{path!r} is not a regular file") from None
+            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -129,9 +144,12 @@ def write_bytes(root_fd: int, path: str, data: bytes, mode: int = 0o644, make_di
 
 
 def list_dir(root_fd: int, path: str = "") -> list[dict]:
-    """Entries of a directory: name, type (file|dir|symlink|other), size, mode."""
+    """Entries of a directory: name, type (file|dir|symlink|other), size, mode.
+
+    A symlink to a directory inside the workspace is followed; one leading out is refused.
+    """
     rel = normalize(path)
-    fd = openat2(root_fd, rel or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    fd = openat2(root_fd, rel or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         out = []
         for name in sorted(os.listdir(fd)):

@@ -342,16 +342,23 @@ class Sandbox:
             if self._dead_reason is None:
                 self._dead_reason = reason
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGKILL)  # bwrap; --die-with-parent takes the pid ns down
-            except ProcessLookupError:
-                pass
+        # Kill the pid namespace's init first: the kernel then kills every process in the
+        # namespace, and bwrap (its parent) reaps it and exits, so no zombie is left behind.
         if self._child_pid is not None:
             try:
-                os.kill(self._child_pid, signal.SIGKILL)  # the pid namespace's init
+                os.kill(self._child_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if proc is not None:
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)  # --die-with-parent takes the rest down
+                except ProcessLookupError:
+                    pass
         self._cg.kill_all()
         if proc is not None:
             try:
@@ -728,8 +735,6 @@ class _Run:
     def _pump(self) -> None:
         sb, lim = self.sb, self.sb.limits
         deadline = self.t0 + self.timeout if self.timeout is not None else None
-        rw = os.path.join(sb.dir, "rw")
-        check_disk = sb.limits_report.get("disk_bytes", "").startswith("enforced")
         open_streams = {"out", "err"}
         last_check = 0.0
         while True:
@@ -744,13 +749,6 @@ class _Run:
                 last_check = now
                 if self.killed is None and sb._cg.pids_limit_hits() > self.pids0:
                     self._kill("pids")
-                if self.killed is None and check_disk:
-                    try:
-                        vfs = os.statvfs(rw)
-                        if vfs.f_bavail == 0:
-                            self._kill("disk")
-                    except OSError:
-                        pass
             fds = [self.fds[s] for s in open_streams] + [self.fds["st"]]
             wait = 0.05
             if deadline is not None and self.killed is None:
@@ -774,22 +772,34 @@ class _Run:
                 self._close_fds()
                 sb._active.discard(self)
                 sb._dead_reason = sb._dead_reason or "crashed"
-                raise SandboxError(f"sandbox {sb.id} died while running a command "
-                                   f"({sb._dead_reason}); its outcome is unknown")
+                raise SandboxError(f"sandbox {sb.id} died while running a command ({sb._dead_reason}: "
+                                   "its executor was killed, possibly by a command inside it); "
+                                   "the command's outcome is unknown")
         if self.killed is None:
             if self.rc == 128 + signal.SIGKILL and sb._cg.oom_kills() > self.oom0:
                 self.killed = "oom"
             elif self.rc == 128 + signal.SIGXFSZ:
                 self.killed = "fsize"
             elif self.rc == 128 + signal.SIGXCPU:
-                self.killed = "timeout"
-            elif sb._cg.pids_limit_hits() > self.pids0 and self.rc != 0:
-                self.killed = "pids"
+                self.killed = "timeout"  # the CPU-seconds limit
+            elif sb._cg.pids_limit_hits() > self.pids0:
+                self.killed = "pids"  # a fork failed at the process limit during the command
+            elif self.rc != 0 and self._disk_full():
+                self.killed = "disk"  # the writable layer is full (tmpfs returned ENOSPC)
         cpu1 = sb._cg.cpu_seconds()
         self.usage = {"cpu_s": (cpu1 - self.cpu0) if cpu1 is not None and self.cpu0 is not None else None,
                       "memory_peak_bytes": sb._cg.memory_peak()}
         self._close_fds()
         sb._active.discard(self)
+
+    def _disk_full(self) -> bool:
+        if not self.sb.limits_report.get("disk_bytes", "").startswith("enforced"):
+            return False
+        try:
+            vfs = os.statvfs(os.path.join(self.sb.dir, "rw"))
+        except OSError:
+            return False
+        return vfs.f_bavail * vfs.f_frsize < 256 * 1024
 
     def _close_fds(self) -> None:
         for fd in self.fds.values():
@@ -832,7 +842,8 @@ def _command_script(cmd, env, cwd, lim: Limits) -> str:
     else:
         raise TypeError(f"cmd must be a string or an argv list, got {type(cmd).__name__}")
     lines = [
-        f"ulimit -t {int(lim.cpu_s)}",
+        f"ulimit -S -t {int(lim.cpu_s)}",  # SIGXCPU at the soft limit, SIGKILL 1 s later
+        f"ulimit -H -t {int(lim.cpu_s) + 1}",
         f"ulimit -f {max(1, lim.file_size_bytes // 512)}",  # 512-byte blocks
         f"ulimit -n {int(lim.nofile)} 2>/dev/null",
         f"cd -- {shlex.quote(cwd or WORKSPACE)} || exit 126",
