@@ -41,7 +41,7 @@ def length_penalty(x: jax.Array, k: float, q: float) -> jax.Array:
     expm1((1 - q) log1p(k x)) / (k (1 - q)), accurate for q near 1; k = 0 gives C = x.
     """
     x = jnp.asarray(x, jnp.float32)
-    if k == 0:
+    if k == 0 or q == 0:  # linear, exactly
         return x
     a = 1.0 - q
     log1p_kx = jnp.log1p(k * x)
