@@ -1,0 +1,106 @@
+"""Public kernel API: `quantize`, `dequantize`, `grouped_matmul` (and `moe_expert_matmul`).
+
+`impl` picks the implementation, tokamax style:
+  * 'xla'       — the plain-jnp reference (`*/reference.py`), any backend;
+  * 'interpret' — the Pallas kernels in interpret mode (CPU; slow, for tests);
+  * 'pallas'    — the Pallas kernels compiled for the default backend (GPU);
+  * 'auto'      — 'pallas' on GPU, 'xla' elsewhere (the reference gives the same bits on CPU).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas.formats import FORMATS, get_format
+from kernels_pallas.quant import pallas_quant
+from kernels_pallas.quant import reference as qref
+from kernels_pallas.quant.qarray import QArray
+
+IMPLS = ("auto", "xla", "pallas", "interpret")
+
+_ref_quantize = jax.jit(qref.quantize, static_argnames=("fmt", "axis", "scale_mode", "div", "tile",
+                                                         "group_axis"))
+
+
+def resolve_impl(impl: str) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "pallas" if jax.default_backend() == "gpu" else "xla"
+    return impl
+
+
+def quantize(x: jax.Array, fmt: str, axis: int = -1, impl: str = "auto", *,
+             scale_mode: str = "rceil", div: str = "exact", tile: Optional[Sequence[int]] = None,
+             group_axis: Optional[int] = None) -> QArray:
+    """Block-quantise `x` along `axis` into `fmt` (one of `kernels_pallas.formats.FORMATS`).
+
+    Returns a `QArray` with `.data` (uint8 codes; FP4 packed two per byte, even element in the low
+    nibble), `.scales` (E8M0/E4M3 bytes, FP32 for fp8_blockwise) and `.global_scale` (NVFP4 FP32
+    decode scale: per tensor, per `group_axis` index, or per row for `nvfp4_per_token`).
+    All impls give identical bits.
+    """
+    get_format(fmt)
+    impl = resolve_impl(impl)
+    if impl == "xla":
+        return _ref_quantize(x, fmt, axis, scale_mode=scale_mode, div=div,
+                             tile=None if tile is None else tuple(tile), group_axis=group_axis)
+    interpret = impl == "interpret"
+    ax = axis % x.ndim
+    if fmt == "fp8_blockwise" and tuple(tile or (1, 128)) == (128, 128):
+        if ax not in (x.ndim - 2, x.ndim - 1):
+            raise ValueError("128x128 tiles cover the last two axes; axis must be one of them")
+        lead = x.shape[:-2]
+        x3 = x.reshape(-1, *x.shape[-2:])
+        f = lambda a: pallas_quant.fp8_blockwise_quantize_2d(a, (128, 128), div, interpret)
+        d, s = jax.vmap(f)(x3)
+        return QArray(d.reshape(x.shape), s.reshape(*lead, *s.shape[-2:]), None, fmt, ax,
+                      tuple(x.shape), (128, 128))
+    xm = jnp.moveaxis(x, ax, -1)
+    lead, k = xm.shape[:-1], xm.shape[-1]
+    x2 = xm.reshape(-1, k)
+    f = get_format(fmt)
+    gs = None
+    if f.scale == "e8m0":
+        d, s = pallas_quant.mx_quantize_2d(x2, fmt, scale_mode, interpret)
+        t = (32,)
+    elif fmt == "fp8_blockwise":
+        d, s = pallas_quant.fp8_blockwise_quantize_2d(x2, (1, 128), div, interpret)
+        t = (1, 128)
+    else:
+        per_row = f.global_scale == "row"
+        gamax = None
+        if not per_row:
+            if group_axis is None:
+                gamax = jnp.broadcast_to(jnp.max(jnp.abs(x.astype(jnp.float32))), (x2.shape[0], 1))
+            else:
+                g = group_axis % x.ndim
+                if g == ax:
+                    raise ValueError("group_axis must differ from the quantised axis")
+                red = tuple(i for i in range(x.ndim) if i != g)
+                gm = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=red, keepdims=True)
+                gamax = jnp.broadcast_to(jnp.moveaxis(gm, ax, -1), (*lead, 1)).reshape(-1, 1)
+        d, s, sd = pallas_quant.nvfp4_quantize_2d(x2, gamax, per_row, div, interpret)
+        t = (16,)
+        if per_row:
+            gs = jnp.moveaxis(sd.reshape(*lead, 1), -1, ax)
+        elif group_axis is None:
+            gs = sd[:1].reshape((1,) * x.ndim)
+        else:
+            gs = jnp.moveaxis(sd.reshape(*lead, 1), -1, ax)
+            gs = jnp.max(gs, axis=tuple(i for i in range(x.ndim) if i != group_axis % x.ndim),
+                         keepdims=True)
+    d = d.reshape(*lead, d.shape[-1])
+    s = s.reshape(*lead, s.shape[-1])
+    return QArray(jnp.moveaxis(d, -1, ax), jnp.moveaxis(s, -1, ax), gs, fmt, ax, tuple(x.shape), t)
+
+
+def dequantize(q: QArray, dtype=jnp.float32) -> jax.Array:
+    """Values of a `QArray` (element x block scale [x global decode scale]) in `dtype`."""
+    return qref.dequantize(q, dtype)
+
+
+__all__ = ["quantize", "dequantize", "QArray", "FORMATS", "IMPLS", "resolve_impl"]
