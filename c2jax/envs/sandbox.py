@@ -35,6 +35,7 @@ truncation and resource usage are the host's own observations.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import json
@@ -198,14 +199,16 @@ class Sandbox:
 
     def _launch(self) -> None:
         spec, limits = self._spec, self.limits
-        os.makedirs(os.path.join(self.dir, "ctl"))
         rw = os.path.join(self.dir, "rw")
-        os.mkdir(rw)
+        os.makedirs(rw)
         if os.geteuid() == 0:
             state.mount_tmpfs(rw, limits.disk_bytes)
             self.limits_report["disk_bytes"] = "enforced (size-capped tmpfs upper dir)"
         else:
             self.limits_report["disk_bytes"] = "unavailable: mounting a size-capped tmpfs needs root"
+        # Control files live on the same tmpfs (FIFOs on tmpfs are cheaper than on disk).
+        self.ctl = os.path.join(rw, "ctl")
+        os.mkdir(self.ctl, 0o755)
         os.mkdir(os.path.join(rw, "upper"), 0o755)
         os.mkdir(os.path.join(rw, "work"), 0o755)
         self._cg = cgroups.create(self.id, limits)
@@ -306,12 +309,7 @@ class Sandbox:
                 a += ["--symlink", os.readlink(host), host]
             elif os.path.isdir(host):
                 a += ["--ro-bind", host, host]
-        etc = state.minimal_etc()
-        for name in ("passwd", "group", "hosts", "nsswitch.conf", "resolv.conf", "hostname"):
-            a += ["--ro-bind", os.path.join(etc, name), f"/etc/{name}"]
-        for name in ("ld.so.cache", "ld.so.conf", "alternatives", "localtime"):
-            if os.path.exists(f"/etc/{name}"):
-                a += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+        a += ["--ro-bind", state.minimal_etc(), "/etc"]
         if interp.mode == "prefix":
             a += ["--ro-bind", interp.host_prefix, images.SANDBOX_PREFIX_PYTHON]
         for hidden in interp.hide:  # the interpreter's own site-packages stay invisible
@@ -327,7 +325,7 @@ class Sandbox:
             a += ["--overlay", os.path.join(rw, "upper"), os.path.join(rw, "work"), WORKSPACE]
         else:
             a += ["--bind", spec.layers[0], WORKSPACE]
-        a += ["--ro-bind", os.path.join(self.dir, "ctl"), CTL, "--chdir", WORKSPACE,
+        a += ["--ro-bind", self.ctl, CTL, "--chdir", WORKSPACE,
               "--remount-ro", "/", "--info-fd", str(self._info_fd)]
         lifetime = int(limits.lifetime_s) + 5
         a += ["/usr/bin/timeout", "-s", "KILL", str(lifetime), "/bin/sh", "-c", EXECUTOR]
@@ -366,7 +364,8 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 pass
 
-    def _teardown(self) -> None:
+    def _teardown(self, wait: bool = True) -> None:
+        """Kill everything now; remove cgroups, mount and files now (`wait`) or via the janitor."""
         self._terminate(self._dead_reason or "closed")
         if self._root_fd is not None:
             os.close(self._root_fd)
@@ -377,24 +376,24 @@ class Sandbox:
                     f.close()
                 except Exception:  # noqa: BLE001
                     pass
-        try:
-            self._cg.remove()
-        except OSError:
-            pass
-        try:
-            state.umount(os.path.join(self.dir, "rw"))
-        except OSError:
-            pass
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if wait:
+            _remove_sandbox_files(self._cg, self.dir)
+        else:
+            _janitor.submit(self._cg, self.dir)
 
-    def close(self) -> None:
-        """Kill every process in the sandbox and remove its writable layer, cgroups and mounts."""
+    def close(self, wait: bool = True) -> None:
+        """Kill every process of the sandbox; then remove its writable layer, cgroups and mount.
+
+        When close() returns, no process of the sandbox is running. With `wait=False` the files,
+        mount and cgroups are removed by a background janitor thread (`flush_cleanup()` waits for
+        it); a crash in between is handled by the orphan reaper of the next start.
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         self._timer.cancel()
-        self._teardown()
+        self._teardown(wait)
         _live.discard(self)
 
     def __enter__(self) -> "Sandbox":
@@ -526,6 +525,72 @@ class Sandbox:
         return f"Sandbox(id={self.id!r}, env={self.env_id!r}, alive={self.alive})"
 
 
+def _remove_sandbox_files(cg: cgroups.SandboxCgroup, sb_dir: str) -> None:
+    try:
+        cg.remove()
+    except OSError:
+        pass
+    try:
+        state.umount(os.path.join(sb_dir, "rw"))
+    except OSError:
+        pass
+    shutil.rmtree(sb_dir, ignore_errors=True)
+
+
+class _Janitor:
+    """One daemon thread removing closed sandboxes' cgroups, mounts and directories."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queue: list[tuple[cgroups.SandboxCgroup, str]] = []
+        self.busy = 0
+        self.thread: threading.Thread | None = None
+
+    def submit(self, cg: cgroups.SandboxCgroup, sb_dir: str) -> None:
+        with self.cond:
+            self.queue.append((cg, sb_dir))
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, daemon=True, name="c2jax-janitor")
+                self.thread.start()
+            self.cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue:
+                    self.cond.wait()
+                item = self.queue.pop(0)
+                self.busy += 1
+            try:
+                _remove_sandbox_files(*item)
+            finally:
+                with self.cond:
+                    self.busy -= 1
+                    self.cond.notify_all()
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: not self.queue and not self.busy, timeout)
+
+
+_janitor = _Janitor()
+
+
+def flush_cleanup(timeout: float | None = 30.0) -> bool:
+    """Wait until every `close(wait=False)` sandbox's files, mount and cgroups are removed."""
+    return _janitor.flush(timeout)
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    for sb in list(_live):
+        try:
+            sb.close()
+        except Exception:  # noqa: BLE001
+            pass
+    _janitor.flush(10.0)
+
+
 class _Frozen:
     """Context manager: stop every process of the sandbox (cgroup freezer) for a consistent copy."""
 
@@ -593,7 +658,7 @@ class _Run:
         self.sb = sb
         lim = sb.limits
         self.n = next(sb._runs)
-        self.dir = os.path.join(sb.dir, "ctl", str(self.n))
+        self.dir = os.path.join(sb.ctl, str(self.n))
         self.timeout = float(timeout) if timeout is not None else (None if background else lim.timeout_s)
         self.background = background
         self.out = bytearray()
@@ -809,7 +874,15 @@ class _Run:
                 pass
         self.fds = {}
         self.close_stdin()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        for name in ("cmd", "in", "out", "err", "st"):
+            try:
+                os.unlink(os.path.join(self.dir, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def result(self) -> ExecResult:
         return ExecResult(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import logging
 import os
@@ -162,8 +163,12 @@ def reap_orphans() -> list[str]:
 
 
 def minimal_etc() -> str:
-    """Directory with the few /etc files a sandbox sees (no host secrets, no resolver)."""
-    path = os.path.join(state_dir(), "etc")
+    """Directory shown as /etc in every sandbox (one bind mount): no host secrets, no resolver.
+
+    It holds synthetic passwd/group/hosts/nsswitch/resolv files plus copies of what programs need
+    from the host's /etc: the dynamic linker cache, `alternatives` symlinks into /usr, localtime.
+    Built once per distinct host input (content-keyed directory name), atomically.
+    """
     files = {
         "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
                   "user:x:1000:1000:sandbox user:/tmp:/bin/sh\n"
@@ -175,11 +180,40 @@ def minimal_etc() -> str:
         "resolv.conf": "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n",
         "hostname": "sandbox\n",
     }
-    marker = os.path.join(path, ".complete-v1")
-    if not os.path.exists(marker):
-        os.makedirs(path, exist_ok=True)
-        for name, text in files.items():
-            with open(os.path.join(path, name), "w") as f:
-                f.write(text)
-        open(marker, "w").close()
+    stamp = []
+    for name in ("ld.so.cache", "alternatives", "localtime"):
+        try:
+            st = os.lstat(f"/etc/{name}")
+            stamp.append(f"{name}:{st.st_mtime_ns}:{st.st_size}")
+        except OSError:
+            pass
+    key = hashlib.sha256(json.dumps([files, stamp]).encode()).hexdigest()[:16]
+    path = os.path.join(state_dir(), f"etc-{key}")
+    if os.path.isdir(path):
+        return path
+    tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for name, text in files.items():
+        with open(os.path.join(tmp, name), "w") as f:
+            f.write(text)
+    if os.path.isfile("/etc/ld.so.cache"):
+        shutil.copyfile("/etc/ld.so.cache", os.path.join(tmp, "ld.so.cache"))
+    if os.path.islink("/etc/localtime"):
+        os.symlink(os.readlink("/etc/localtime"), os.path.join(tmp, "localtime"))
+    if os.path.isdir("/etc/alternatives"):
+        os.mkdir(os.path.join(tmp, "alternatives"))
+        for name in os.listdir("/etc/alternatives"):
+            src = os.path.join("/etc/alternatives", name)
+            if os.path.islink(src) and os.readlink(src).startswith("/usr/"):
+                os.symlink(os.readlink(src), os.path.join(tmp, "alternatives", name))
+    for d, _, names in os.walk(tmp):
+        os.chmod(d, 0o755)
+        for n in names:
+            if not os.path.islink(os.path.join(d, n)):
+                os.chmod(os.path.join(d, n), 0o644)
+    try:
+        os.rename(tmp, path)
+    except OSError:  # another process built it first
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
