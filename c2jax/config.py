@@ -27,6 +27,7 @@ SECTION_MODULES: dict[str, str] = {
     "sft": "c2jax.train.pretrain_config",
     "stages": "c2jax.train.config_checks",
     "seed": "c2jax.train.config_checks",
+    "smoke": "c2jax.train.smoke",
     "rl": "c2jax.rl.config_checks",
     "data": "c2jax.data.config_checks",
 }
