@@ -50,7 +50,8 @@ def _finish(adv, r, ok, member, count_g, count_i, *, std_normalize, std_eps, sca
     mean_g = (member.T @ r) / n_g  # [Gmax]
     dev = (r[:, None] - mean_g[None, :]) * member  # [N, Gmax]
     var_g = (dev ** 2).sum(0) / jnp.maximum(count_g - 1.0, 1.0)  # sample (n-1) variance
-    std_g = jnp.sqrt(var_g)
+    pos = var_g > 0
+    std_g = jnp.where(pos, jnp.sqrt(jnp.where(pos, var_g, 1.0)), 0.0)  # sqrt'(0) = inf would poison grads
     usable = ok & (count_i >= 2)
     gi = jnp.argmax(member, axis=1)
     if std_normalize:
