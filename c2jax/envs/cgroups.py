@@ -287,15 +287,13 @@ class CgroupV2(SandboxCgroup):
         base = os.path.join(caller, PREFIX)
         os.makedirs(base, exist_ok=True)
         self.path = os.path.join(base, name)
-        enabled: set[str] = set()
+        enabled = {c for c in ("memory", "pids", "cpu") if c in mounts.v2_controllers}
         for parent in (caller, base):  # controllers must be delegated level by level
-            want = [c for c in ("memory", "pids", "cpu") if c in mounts.v2_controllers]
-            for c in want:
+            for c in sorted(enabled):
                 try:
                     _write(os.path.join(parent, "cgroup.subtree_control"), f"+{c}")
-                    enabled.add(c) if parent == base else None
                 except OSError:
-                    pass
+                    enabled.discard(c)
         os.mkdir(self.path)
         self.paths = [self.path]
         avail = enabled & mounts.v2_controllers
