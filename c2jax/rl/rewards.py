@@ -82,14 +82,14 @@ def broken_tool_calls_term(batch: Mapping[str, Any]) -> jax.Array:
     return -jnp.asarray(batch["tool_stats"]["malformed"], jnp.float32)
 
 
-def term_spec(label: str, cfg: Mapping[str, Any]) -> tuple[str, float, dict]:
+def term_spec(label: str, cfg: Mapping[str, Any]) -> tuple[str, Any, dict]:
     """Resolve a config entry to (registered fn name, weight, kwargs).
 
     The fn is cfg["fn"] if given, else the label if it names a registered term, else ``term`` with
     key = label (so ``task=dict(weight=1.0)`` reads Trajectory.reward_terms["task"]).
     """
     cfg = dict(cfg)
-    weight = float(cfg.pop("weight", 1.0))
+    weight = cfg.pop("weight", 1.0)  # checked by the config validator; float() at use
     fn = cfg.pop("fn", None)
     if fn is None:
         fn = label if label in REWARD_TERMS else "term"
@@ -109,7 +109,7 @@ def compute_rewards(batch: Mapping[str, Any], terms: Mapping[str, Mapping[str, A
     for label, cfg in terms.items():
         fn, weight, kwargs = term_spec(label, cfg)
         value = REWARD_TERMS.get(fn)(batch, **kwargs)  # [N]
-        total = total + weight * value
+        total = total + float(weight) * value
         finite = jnp.isfinite(value) & (valid > 0)
         metrics[f"reward/{label}"] = jnp.sum(jnp.where(finite, value, 0.0)) / jnp.maximum(finite.sum(), 1)
         metrics[f"reward/{label}/nonfinite"] = jnp.sum((valid > 0) & ~jnp.isfinite(value)).astype(jnp.float32)
