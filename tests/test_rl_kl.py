@@ -163,3 +163,18 @@ def test_reward_penalty_and_metrics_shapes():
     assert np.all(np.isfinite(g))
     m = kl_metrics(logp, ref, mask)
     assert set(m) == {"kl/k1", "kl/k2", "kl/k3"} and all(np.isfinite(float(v)) for v in m.values())
+
+
+def test_benchmark_script_runs(tmp_path, capsys):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kl_estimators.py"
+    spec = importlib.util.spec_from_file_location("kl_estimators_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "kl.png"
+    mod.main(["--n", "20000", "--mus", "0.5", "1.0", "2.0", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert out.exists() and out.stat().st_size > 1000
+    assert "variance ratio k3/k1" in text and text.count("\n") >= 6
