@@ -195,3 +195,19 @@ def test_requirements_install_from_wheelhouse(envs_state, tmp_path):
     env = build_env(str(repo), requirements=["iniconfig"], wheelhouse=wheelhouse)
     with start(env) as sb:
         assert sb.exec("python t.py").stdout == "iniconfig\n"
+
+
+def test_sandbox_started_in_a_short_lived_thread_survives_it(repo_env):
+    """--die-with-parent is per *thread*: sandboxes must not die when their creating thread ends."""
+    import threading
+
+    _, env = repo_env
+    box = []
+    t = threading.Thread(target=lambda: box.append(start(env)))
+    t.start()
+    t.join()
+    import time
+
+    time.sleep(0.3)
+    with box[0] as sb:
+        assert sb.alive and sb.exec("echo alive").stdout == "alive\n"

@@ -228,7 +228,7 @@ class Sandbox:
         joins = " && ".join(f"echo $$ > {shlex.quote(p)}" for p in self._cg.procs_files())
         shim = (joins + " && " if joins else "") + 'exec "$@"'
         try:
-            self._proc = subprocess.Popen(
+            self._proc = _spawner.popen(
                 ["/bin/sh", "-c", shim, "sh", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=(info_w,), close_fds=True, start_new_session=True,
                 env={"PATH": "/usr/bin:/bin"})
@@ -414,6 +414,19 @@ class Sandbox:
         return not self._closed and self._dead_reason is None and self._proc is not None \
             and self._proc.poll() is None
 
+    def _diagnose(self) -> str:
+        """bwrap's exit status and stderr tail, for infrastructure error messages."""
+        proc = self._proc
+        if proc is None or proc.poll() is None:
+            return "bwrap is still running."
+        err = b""
+        try:
+            os.set_blocking(proc.stderr.fileno(), False)
+            err = proc.stderr.read() or b""
+        except (OSError, ValueError):
+            pass
+        return f"bwrap exit status {proc.returncode}; stderr: {err.decode(errors='replace')[-2000:]!r}"
+
     def _check_alive(self) -> None:
         if self._closed:
             raise SandboxClosed(f"sandbox {self.id} is closed")
@@ -523,6 +536,51 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, env={self.env_id!r}, alive={self.alive})"
+
+
+class _Spawner:
+    """Starts every bwrap from one long-lived thread.
+
+    `--die-with-parent` uses PR_SET_PDEATHSIG, which fires when the *thread* that forked the
+    process exits, not the process: a sandbox started from a short-lived worker thread would be
+    SIGKILLed when that thread ends. A single daemon thread that lives as long as the process
+    makes "parent" mean the Python process.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.jobs: list[list] = []
+        self.thread: threading.Thread | None = None
+
+    def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
+        job = [args, kwargs, None, None, False]
+        with self.cond:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, daemon=True, name="c2jax-spawner")
+                self.thread.start()
+            self.jobs.append(job)
+            self.cond.notify_all()
+            self.cond.wait_for(lambda: job[4])
+        if job[3] is not None:
+            raise job[3]
+        return job[2]
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.jobs)
+                job = self.jobs.pop(0)
+            try:
+                job[2] = subprocess.Popen(*job[0], **job[1])
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                job[3] = e
+            with self.cond:
+                job[4] = True
+                self.cond.notify_all()
+
+
+_spawner = _Spawner()
 
 
 def _remove_sandbox_files(cg: cgroups.SandboxCgroup, sb_dir: str) -> None:
@@ -839,7 +897,7 @@ class _Run:
                 sb._dead_reason = sb._dead_reason or "crashed"
                 raise SandboxError(f"sandbox {sb.id} died while running a command ({sb._dead_reason}: "
                                    "its executor was killed, possibly by a command inside it); "
-                                   "the command's outcome is unknown")
+                                   f"the command's outcome is unknown. {sb._diagnose()}")
         if self.killed is None:
             if self.rc == 128 + signal.SIGKILL and sb._cg.oom_kills() > self.oom0:
                 self.killed = "oom"
