@@ -16,7 +16,8 @@ for every token of the segment's context (int32 [P + C, n_moe_layers, top_k]) fo
 The trajectory also carries the tool events, effort counts (the inputs of the length penalty),
 reward terms from the grader and the behaviour monitors, task and group ids, and `infra_failed`:
 a sample lost to the infrastructure (sandbox crash, timeout of the environment, not of the model)
-is masked out of the loss. A failure that is the model's fault (e.g. a malformed tool call) is NOT
+is masked out of the loss. `truncated` marks a rollout that hit its token or turn budget unfinished
+(kept in the loss by default, as in Composer 2: no overlong masking). A failure that is the model's fault (e.g. a malformed tool call) is NOT
 an infra failure: it gets a negative reward, otherwise the policy learns to fail on hard tasks.
 
 Construction converts lists to numpy arrays and validates; any missing or mismatched field raises
@@ -28,6 +29,8 @@ library so that the agent harness and the sampler can import it cheaply.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import json
 import math
@@ -217,6 +220,7 @@ class Trajectory:
     effort: Effort = field(default_factory=Effort)
     tool_events: list[ToolEvent] = field(default_factory=list)
     infra_failed: bool = False
+    truncated: bool = False
     sample_id: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -231,8 +235,9 @@ class Trajectory:
                 raise TrajectoryError(name, f"must be a non-empty string, got {v!r}")
         if not isinstance(self.sample_id, str):
             raise TrajectoryError("sample_id", f"must be a string, got {self.sample_id!r}")
-        if not isinstance(self.infra_failed, (bool, np.bool_)):
-            raise TrajectoryError("infra_failed", f"must be a bool, got {self.infra_failed!r}")
+        for name in ("infra_failed", "truncated"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TrajectoryError(name, f"must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.segments, (list, tuple)):
             raise TrajectoryError("segments", f"must be a list of Segment, got {type(self.segments).__name__}")
         if not self.segments and not self.infra_failed:
@@ -292,7 +297,7 @@ class Trajectory:
                 "behaviour_logprobs": s.behaviour_logprobs.tolist(),
                 "policy_versions": s.policy_versions.tolist(),
                 "raw_logprobs": None if s.raw_logprobs is None else s.raw_logprobs.tolist(),
-                "routes": None if s.routes is None else s.routes.tolist(),
+                "routes": None if s.routes is None else encode_array(s.routes),
             }
             segs.append(d)
         return {
@@ -303,6 +308,7 @@ class Trajectory:
             "effort": self.effort.as_dict(),
             "tool_events": [dataclasses.asdict(e) for e in self.tool_events],
             "infra_failed": bool(self.infra_failed),
+            "truncated": bool(self.truncated),
             "sample_id": self.sample_id,
             "metadata": self.metadata,
         }
@@ -322,7 +328,10 @@ class Trajectory:
                 if key not in sd:
                     raise TrajectoryError(f"segments[{i}].{key}", "missing")
             try:
-                segs.append(Segment(**{k: sd.get(k) for k in seg_keys + ("raw_logprobs", "routes")}))
+                fields = {k: sd.get(k) for k in seg_keys + ("raw_logprobs", "routes")}
+                if isinstance(fields["routes"], dict):
+                    fields["routes"] = decode_array(fields["routes"], f"segments[{i}].routes")
+                segs.append(Segment(**fields))
             except TrajectoryError as e:
                 raise TrajectoryError(e.field.replace("segment.", f"segments[{i}].", 1), str(e).split(": ", 1)[1]) from None
         terms = {k: (float("nan") if v is None else v) for k, v in (d.get("reward_terms") or {}).items()}
@@ -346,6 +355,7 @@ class Trajectory:
             effort=Effort(**(d.get("effort") or {})),
             tool_events=events,
             infra_failed=d.get("infra_failed", False),
+            truncated=d.get("truncated", False),
             sample_id=d.get("sample_id", ""),
             metadata=d.get("metadata") or {},
         )
@@ -360,6 +370,29 @@ class Trajectory:
         except json.JSONDecodeError as e:
             raise TrajectoryError("trajectory", f"invalid JSON: {e}") from None
         return cls.from_dict(d)
+
+
+def encode_array(a: np.ndarray) -> dict[str, Any]:
+    """Compact JSON form of an integer array (routes: T x layers x top_k ints would be huge as lists).
+
+    Stored little-endian in the narrowest unsigned dtype that holds the values, base64-encoded.
+    """
+    a = np.asarray(a)
+    hi = int(a.max()) if a.size else 0
+    dt = "<u1" if hi < 2 ** 8 else "<u2" if hi < 2 ** 16 else "<i4"
+    return {"shape": list(a.shape), "dtype": dt, "b64": base64.b64encode(a.astype(dt).tobytes()).decode("ascii")}
+
+
+def decode_array(d: dict[str, Any], name: str) -> np.ndarray:
+    """Inverse of `encode_array`; malformed input raises `TrajectoryError` naming the field."""
+    try:
+        dt = np.dtype(d["dtype"])
+        if dt.kind not in "ui":
+            raise ValueError(f"dtype {d['dtype']!r} is not an integer type")
+        raw = base64.b64decode(d["b64"], validate=True)
+        return np.frombuffer(raw, dt).reshape([int(x) for x in d["shape"]]).astype(np.int32)
+    except (KeyError, TypeError, ValueError, binascii.Error) as e:
+        raise TrajectoryError(name, f"malformed encoded array ({e})") from None
 
 
 def save_jsonl(trajectories: Iterable[Trajectory], path: str) -> None:
@@ -434,6 +467,7 @@ def pad_batch(
     Per-trajectory arrays, shape [N] (N = `max_trajectories` if given, else len(trajectories)):
       traj_valid           float32 1 for a real trajectory, 0 for N-axis padding
       infra_failed         float32 1 if lost to the infrastructure (masked out of the loss)
+      truncated            float32 1 if the rollout hit its token/turn budget unfinished
       group_index          int32   dense group number (first-appearance order), -1 for padding
       policy_tokens        float32 number of policy tokens
       num_segments         int32
@@ -470,7 +504,8 @@ def pad_batch(
     with_raw = raw_flags == {True}
 
     # Flatten segments.
-    flat: list[tuple[int, Segment]] = [(ti, s) for ti, t in enumerate(trajs) for s in t.segments]
+    # A segment with one token in all (a 1-token prompt, no completion) has no target: nothing to place.
+    flat: list[tuple[int, Segment]] = [(ti, s) for ti, t in enumerate(trajs) for s in t.segments if s.num_positions > 0]
     lengths = [s.num_positions for _, s in flat]
     for (ti, s), L in zip(flat, lengths):
         if L > max_len:
@@ -532,6 +567,8 @@ def pad_batch(
     valid[: len(trajs)] = 1.0
     infra = np.zeros((n,), np.float32)
     infra[: len(trajs)] = [float(t.infra_failed) for t in trajs]
+    truncated = np.zeros((n,), np.float32)
+    truncated[: len(trajs)] = [float(t.truncated) for t in trajs]
     names = list(reward_names) if reward_names is not None else sorted({k for t in trajs for k in t.reward_terms})
     reward_terms = {}
     for name in names:
@@ -556,7 +593,7 @@ def pad_batch(
     batch: dict[str, Any] = dict(
         tokens=tokens, targets=targets, loss_mask=loss_mask, behaviour_logp=behaviour, versions=versions,
         positions=positions, segment_ids=segment_ids, traj_index=traj_index,
-        traj_valid=valid, infra_failed=infra, group_index=group_index, policy_tokens=policy_tokens,
+        traj_valid=valid, infra_failed=infra, truncated=truncated, group_index=group_index, policy_tokens=policy_tokens,
         num_segments=num_segments, reward_terms=reward_terms, effort=effort, tool_stats=tool_stats,
     )
     if raw is not None:

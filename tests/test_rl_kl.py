@@ -113,7 +113,7 @@ def setup():
         kl_t = jnp.sum(jnp.exp(lrs) * (lrs - lps), -1) if reverse else jnp.sum(jnp.exp(lps) * (lps - lrs), -1)
         return jnp.sum(p_frozen[:, None] * mask * kl_t)
 
-    grads = {name: np.asarray(jax.grad(f)(theta)).ravel() for name, f in
+    grads = {name: np.asarray(jax.jit(jax.grad(f))(theta)).ravel() for name, f in
              (("seq", seq_kl), ("local", local_kl), ("local_rev", lambda t: local_kl(t, True)))}
     return theta, ref_logp, grads
 

@@ -131,3 +131,31 @@ def test_validator_errors_list_every_problem():
                     "rl.rewards.task.weight", "rl.rewards.length_penalty.k", "rl.rewards.length_penalty.weights.tokens",
                     "rl.rewards.odd.fn", "rl.lr"}
     assert "a group of 1 has no baseline" in str(e.value)
+
+
+def test_overlong_mask_is_off_by_default_and_masks_when_on():
+    trajs = trajs_two_groups()
+    trajs[1].truncated = True
+    b = batch_of(trajs)
+    logp = jnp.asarray(b["behaviour_logp"])
+    for on in (False, True):
+        loss_fn = make_rl_loss(dict(overlong_mask=on))
+        (_, m), g = jax.value_and_grad(loss_fn, has_aux=True)(logp, b)
+        assert float(m["batch/truncated"]) == 1.0
+        touched = np.any(np.asarray(g)[b["traj_index"] == 1] != 0)
+        assert touched != on
+    with pytest.raises(ConfigError, match="overlong_mask"):
+        validate(rl_config(overlong_mask="yes"))
+
+
+def test_rl_config_dict_round_trips_through_validation():
+    from c2jax.rl.loss import rl_config_dict
+
+    cfg = ml_collections.ConfigDict(dict(seed=0, rl=rl_config_dict(objective=dict(name="ppo", clip_low=0.2, clip_high=0.28))))
+    cfg.lock()
+    cfg.rl.objective.tis_cap = 2.0
+    assert validate(cfg, warn=False) == []
+    loss_fn = make_rl_loss(cfg.rl)
+    b = batch_of(trajs_two_groups())
+    loss, m = loss_fn(jnp.asarray(b["behaviour_logp"]), b)
+    assert np.isfinite(float(loss)) and "ppo/clip_frac" in m

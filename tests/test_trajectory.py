@@ -183,3 +183,71 @@ def test_pad_batch_routes_and_errors():
         pad_batch([make_traj(group="a"), make_traj(group="b")], max_len=8, min_group_size=2)
     with pytest.raises(TrajectoryError, match=r"trajectories\[0\]"):
         pad_batch([{"segments": []}], max_len=8)
+
+
+def test_routes_json_is_compact_and_checked():
+    routes = (np.arange(7 * 4 * 2, dtype=np.int32).reshape(7, 4, 2) * 37) % 384  # > 255 experts -> uint16
+    t = make_traj(segments=[make_segment(routes=routes)])
+    d = t.to_dict()
+    enc = d["segments"][0]["routes"]
+    assert enc["dtype"] == "<u2" and enc["shape"] == [7, 4, 2]
+    np.testing.assert_array_equal(Trajectory.from_dict(d).segments[0].routes, routes)
+    d["segments"][0]["routes"] = [[[int(x) for x in r] for r in tok] for tok in routes]  # plain lists accepted too
+    np.testing.assert_array_equal(Trajectory.from_dict(d).segments[0].routes, routes)
+    d["segments"][0]["routes"] = dict(enc, b64="!!notbase64")
+    with pytest.raises(TrajectoryError) as e:
+        Trajectory.from_dict(d)
+    assert e.value.field == "segments[0].routes"
+    d["segments"][0]["routes"] = dict(enc, shape=[7, 4, 3])
+    with pytest.raises(TrajectoryError, match=r"segments\[0\]\.routes"):
+        Trajectory.from_dict(d)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def random_trajectories(draw):
+    n = draw(st.integers(1, 6))
+    out = []
+    for i in range(n):
+        segs = []
+        for _ in range(draw(st.integers(1, 3))):
+            p = draw(st.integers(1, 5))
+            c = draw(st.integers(0, 8))
+            mask = draw(st.lists(st.booleans(), min_size=c, max_size=c))
+            segs.append(Segment(prompt_ids=draw(st.lists(st.integers(0, 99), min_size=p, max_size=p)),
+                                completion_ids=draw(st.lists(st.integers(0, 99), min_size=c, max_size=c)),
+                                loss_mask=mask, behaviour_logprobs=[-0.01 * (j + 1) for j in range(c)],
+                                policy_versions=[i] * c))
+        out.append(Trajectory(segs, task_id="t", group_id=f"g{draw(st.integers(0, 2))}"))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(trajs=random_trajectories(), pack=st.booleans())
+def test_pad_batch_reconstructs_every_segment(trajs, pack):
+    """Property: from the padded arrays every segment's token sequence, loss mask and logprobs come back."""
+    b = pad_batch(trajs, max_len=16, pack=pack)
+    flat = [(i, s) for i, t in enumerate(trajs) for s in t.segments if s.num_tokens > 1]
+    found = []
+    for row in range(b["tokens"].shape[0]):
+        for sid in range(1, b["segment_ids"][row].max() + 1):
+            sel = b["segment_ids"][row] == sid
+            assert np.all(np.diff(np.flatnonzero(sel)) == 1)  # contiguous
+            np.testing.assert_array_equal(b["positions"][row][sel], np.arange(sel.sum()))
+            seq = np.concatenate([b["tokens"][row][sel][:1], b["targets"][row][sel]])
+            found.append((int(b["traj_index"][row][sel][0]), seq, b["loss_mask"][row][sel], b["behaviour_logp"][row][sel]))
+    assert len(found) == len(flat)
+    for i, s in flat:
+        seq = np.concatenate([s.prompt_ids, s.completion_ids])
+        match = [f for f in found if f[0] == i and len(f[1]) == len(seq) and np.array_equal(f[1], seq)]
+        assert match
+        _, _, m, lp = match[0]
+        p = len(s.prompt_ids)
+        np.testing.assert_array_equal(m[p - 1:], s.loss_mask)
+        assert np.all(m[: p - 1] == 0)
+        np.testing.assert_allclose(lp[p - 1:], np.where(s.loss_mask, s.behaviour_logprobs, 0))
+    for i, t in enumerate(trajs):
+        assert b["loss_mask"][b["traj_index"] == i].sum() == t.num_policy_tokens
+    assert np.all(b["loss_mask"][b["segment_ids"] == 0] == 0)

@@ -9,8 +9,9 @@ reference policy's, needed only when the KL coefficient is > 0; `old_logp` [B, L
 proximal policy for ``ppo``/``cispo`` (defaults to the behaviour logprobs). The config is read
 once, outside jit, so the returned function is pure and static-shaped.
 
-Masking: tokens of N-axis padding, infrastructure-failed trajectories and trajectories whose total
-reward is not finite are excluded from the loss (and counted in the metrics); tokens off the loss
+Masking: tokens of N-axis padding, infrastructure-failed trajectories, trajectories whose total
+reward is not finite and, only if ``overlong_mask=True`` (off by default, as in Composer 2),
+truncated trajectories are excluded from the loss (and counted in the metrics); tokens off the loss
 mask (prompts, tool outputs, padding) never reach the gradient, even if their logprob is NaN.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from c2jax.rl.rewards import compute_rewards
 # gradient, constant normaliser (Dr. GRPO), k1 KL (coefficient not disclosed; 0 = off) in the reward.
 DEFAULT_RL_CONFIG: dict[str, Any] = dict(
     group_size=8,
+    overlong_mask=False,  # DAPO-style masking of truncated rollouts; the report found no benefit
     advantage=dict(name="grpo", std_normalize=False, scale=1.0),
     objective=dict(name="pg", tis_cap=None),
     aggregation=dict(name="constant", constant=None),
@@ -61,6 +63,18 @@ def resolve_rl_config(cfg: Any = None) -> dict[str, Any]:
     return out
 
 
+def rl_config_dict(**overrides: Any):
+    """DEFAULT_RL_CONFIG (with `overrides`) as an `ml_collections.ConfigDict` for experiment configs.
+
+    Fields that default to None (tis_cap, constant) accept any value from the command line
+    (`--config.rl.objective.tis_cap=2.0`); options a piece adds (e.g. ppo's clip_low/clip_high) must
+    be present in the config file before a locked config can override them.
+    """
+    import ml_collections
+
+    return ml_collections.ConfigDict(resolve_rl_config(overrides))
+
+
 def _gather(per_traj: jax.Array, traj_index: jax.Array) -> jax.Array:
     """[N] -> [B, L]: the value of each token's trajectory, 0 at padding (traj_index = -1)."""
     return jnp.where(traj_index >= 0, per_traj[jnp.clip(traj_index, 0)], 0.0)
@@ -83,6 +97,7 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
     if placement not in KL_PLACEMENTS:
         raise ValueError(f"rl.kl.placement must be one of {KL_PLACEMENTS}, got {placement!r}")
     reward_cfg = c["rewards"]
+    overlong_mask = bool(c.get("overlong_mask", False))
 
     def loss_fn(logp: jax.Array, batch: Mapping[str, Any], logp_ref: jax.Array | None = None,
                 old_logp: jax.Array | None = None) -> tuple[jax.Array, dict]:
@@ -93,6 +108,9 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
         ti = batch["traj_index"]  # [B, L]
         n = batch["traj_valid"].shape[0]
         valid = batch["traj_valid"] * (1.0 - batch["infra_failed"])  # [N]
+        truncated = batch.get("truncated")
+        if overlong_mask and truncated is not None:
+            valid = valid * (1.0 - truncated)
         rewards, metrics = compute_rewards(batch, reward_cfg, valid)  # [N]
         base_mask = batch["loss_mask"] * _gather(valid, ti)  # [B, L]
         if coef > 0 and placement == "reward":
@@ -121,6 +139,8 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
         metrics["mismatch/abs_logp_diff"] = jnp.sum(jnp.abs(diff)) / ntok
         metrics["batch/policy_tokens"] = mask.sum()
         metrics["batch/infra_failed"] = jnp.sum(batch["infra_failed"] * batch["traj_valid"])
+        if truncated is not None:
+            metrics["batch/truncated"] = jnp.sum(truncated * batch["traj_valid"])
         metrics["batch/trajectories"] = jnp.sum(usable)
         metrics["loss/total"] = loss
         return loss, metrics
