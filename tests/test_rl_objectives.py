@@ -189,3 +189,15 @@ def test_length_bias_constructed_case():
         g = token_grads(agg, **kw)
         np.testing.assert_allclose(g[1, :2], g[2, 0], rtol=1e-6)
         np.testing.assert_allclose(g[2], g[2, 0], rtol=1e-6)
+
+
+def test_decoupled_ppo_weights_by_proximal_over_behaviour():
+    """With a proximal policy pi_old != behaviour, PPO clips pi/pi_old and the TIS weight is min(pi_old/mu, cap)."""
+    logp = jnp.log(jnp.array([[0.5, 0.5, 0.5]]))
+    old = jnp.log(jnp.array([[0.45, 0.45, 0.2]]))  # ratios pi/pi_old: 1.11, 1.11, 2.5 (clipped for A>0)
+    beh = jnp.log(jnp.array([[0.45, 0.15, 0.2]]))  # pi_old/mu: 1, 3 (capped at 2), 1
+    adv = jnp.array([[1.0, 1.0, 1.0]])
+    mask = jnp.ones((1, 3))
+    f = lambda lp: jnp.sum(policy_loss("ppo", lp, adv, mask, beh, old_logp=old, clip_low=0.2, clip_high=0.2, tis_cap=2.0)[0])
+    g = jax.jit(jax.grad(f))(logp)
+    np.testing.assert_allclose(g[0], [-0.5 / 0.45, -2.0 * 0.5 / 0.45, 0.0], rtol=1e-5)
