@@ -30,6 +30,7 @@ SECTION_MODULES: dict[str, str] = {
     "smoke": "c2jax.train.smoke",
     "rl": "c2jax.rl.config_checks",
     "data": "c2jax.data.config_checks",
+    "mesh": "c2jax.model.sharding",
 }
 
 VALIDATORS: Registry[Callable[["Checker", Any, Any], None]] = Registry("config_validator")

@@ -16,7 +16,7 @@ Only (c_kv, k_rope) are cached. Two equivalent ways to attend over a latent cach
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -83,12 +83,16 @@ def attend_absorbed(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
 
 
 def mla(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, cfg: ModelConfig,
-        layer_cache: Optional[dict] = None, slots: Optional[jax.Array] = None
-        ) -> tuple[jax.Array, Optional[dict]]:
+        layer_cache: Optional[dict] = None, slots: Optional[jax.Array] = None,
+        attend_fn: Optional[Callable] = None) -> tuple[jax.Array, Optional[dict]]:
     """One MLA layer. x [B, S, D]; cos/sin [B, S, rope/2]; mask [B, S, T] (T = S without a cache,
     the cache length with one). With `layer_cache` ({c_kv [B,T,kv_lora], k_rope [B,T,rope]}) the new
     latents are written at `slots` [B, S] (out-of-range slots are dropped) and attention runs over
-    the whole cache: absorbed form when S == 1, expanded otherwise. Returns (out [B,S,D], cache)."""
+    the whole cache: absorbed form when S == 1, expanded otherwise. Returns (out [B,S,D], cache).
+
+    `attend_fn` (cache-free path only; default `attend_expanded`) swaps in another attention with
+    the same signature, e.g. the context-parallel one of `c2jax.model.cp_attention`, which
+    all-gathers the latents (c_kv, k_rope) rather than up-projected keys/values."""
     a = cfg.attention
     q = queries(p, x, cfg)
     q_nope = q[..., : a.qk_nope_head_dim]
@@ -103,7 +107,7 @@ def mla(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, 
         c_kv, k_rope = c_all.astype(x.dtype), r_all.astype(x.dtype)
         attend = attend_absorbed if x.shape[1] == 1 else attend_expanded
     else:
-        attend = attend_expanded
+        attend = attend_fn or attend_expanded
     o = attend(p, q_nope, q_rope, c_kv, k_rope, mask, cfg)  # [B,S,H,v]
     out = jnp.einsum("bshv,hvd->bsd", o, p["o_proj"]["kernel"].astype(x.dtype))
     return out, new_cache

@@ -13,7 +13,7 @@ MoE settings (``config.model.moe``):
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -26,11 +26,14 @@ from c2jax.model.norms import swiglu_mlp
 
 
 def moe_block(p: dict, x: jax.Array, cfg: ModelConfig, valid: jax.Array,
-              routes: Optional[jax.Array] = None) -> tuple[jax.Array, dict]:
+              routes: Optional[jax.Array] = None, experts_fn: Optional[Callable] = None
+              ) -> tuple[jax.Array, dict]:
     """x [B, S, D] (already normed), valid [B, S] bool, routes [B, S, k] or None ->
     (y [B, S, D], stats) with stats: scores [B,S,E] f32, routes [B,S,k] int32, counts [E] int32,
     dropped (fraction of assignments not computed), balance_loss (un-weighted), replaced (fraction
-    of replayed routes replaced by the plausibility check)."""
+    of replayed routes replaced by the plausibility check). `experts_fn` (signature of the
+    `MOE_IMPLS` entries) overrides ``moe.impl``, e.g. with the expert-parallel dispatch of
+    `c2jax.model.ep_moe`."""
     m = cfg.moe
     b, s, d = x.shape
     xf = x.reshape(b * s, d)
@@ -42,7 +45,7 @@ def moe_block(p: dict, x: jax.Array, cfg: ModelConfig, valid: jax.Array,
     else:
         idx, w, rep = replay_routes(scores, bias, routes.reshape(b * s, -1), m)
         replaced = rep.astype(jnp.float32).mean()
-    y, dropped = MOE_IMPLS.get(m.impl)(p["experts"], xf, idx, w, m)
+    y, dropped = (experts_fn or MOE_IMPLS.get(m.impl))(p["experts"], xf, idx, w, m)
     y = y.reshape(b, s, d)
     if "shared" in p:
         y = y + swiglu_mlp(p["shared"], x)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -106,14 +106,14 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
 
 
 def _block(p: dict, h: jax.Array, cos, sin, mask, cfg: ModelConfig, layer_cache, slots, valid, routes,
-           moe: bool):
+           moe: bool, attend_fn=None, experts_fn=None):
     """One pre-norm decoder block. Returns (h, new_layer_cache, moe stats or None)."""
     a, new_cache = mla(p["attn"], rms_norm(h, p["attn_norm"]["scale"], cfg.rms_norm_eps), cos, sin, mask,
-                       cfg, layer_cache, slots)
+                       cfg, layer_cache, slots, attend_fn)
     h = h + a
     x = rms_norm(h, p["mlp_norm"]["scale"], cfg.rms_norm_eps)
     if moe:
-        y, stats = moe_block(p["moe"], x, cfg, valid, routes)
+        y, stats = moe_block(p["moe"], x, cfg, valid, routes, experts_fn)
     else:
         y, stats = swiglu_mlp(p["mlp"], x), None
     return h + y, new_cache, stats
@@ -121,8 +121,14 @@ def _block(p: dict, h: jax.Array, cos, sin, mask, cfg: ModelConfig, layer_cache,
 
 def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Optional[jax.Array] = None,
           positions: Optional[jax.Array] = None, cache: Optional[dict] = None,
-          routes: Optional[jax.Array] = None) -> dict:
-    """Forward pass (see module docstring for arguments and outputs). Pure; jit it with cfg static."""
+          routes: Optional[jax.Array] = None, attend_fn: Optional[Callable] = None,
+          experts_fn: Optional[Callable] = None) -> dict:
+    """Forward pass (see module docstring for arguments and outputs). Pure; jit it with cfg static.
+
+    `attend_fn` / `experts_fn` swap the attention (cache-free path) and the routed-expert
+    computation for implementations with the same signatures (`mla.attend_expanded`,
+    `moe_impls.MOE_IMPLS` entries); `c2jax.model.sharding` passes the context-parallel attention
+    and the expert-parallel dispatch here. None = the single-device defaults."""
     b, s = tokens.shape
     dt = jnp.dtype(cfg.dtype)
     valid = jnp.ones((b, s), bool) if segment_ids is None else segment_ids != 0
@@ -150,7 +156,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
     if cfg.n_dense_layers:
         def dense_step(h, xs):
             lp, lc = xs
-            h, nc, _ = _block(lp, h, cos, sin, mask, cfg, lc, slots, valid, None, moe=False)
+            h, nc, _ = _block(lp, h, cos, sin, mask, cfg, lc, slots, valid, None, moe=False,
+                              attend_fn=attend_fn)
             return h, nc
         h, nc = jax.lax.scan(dense_step, h, (params["dense_layers"],
                                              None if cache is None else cache["dense_layers"]))
@@ -164,7 +171,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
 
         def moe_step(h, xs):
             lp, lc, lr = xs
-            h, nc, st = _block(lp, h, cos, sin, mask, cfg, lc, slots, valid, lr, moe=True)
+            h, nc, st = _block(lp, h, cos, sin, mask, cfg, lc, slots, valid, lr, moe=True,
+                               attend_fn=attend_fn, experts_fn=experts_fn)
             return h, (nc, st)
         h, (nc, st) = jax.lax.scan(moe_step, h, (params["moe_layers"],
                                                  None if cache is None else cache["moe_layers"],
@@ -193,7 +201,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
     balance_terms = [moe_out["balance_loss"]] if n_moe else []
     if cfg.mtp_depth and cache is None:
         def block_fn(lp, x):
-            x, _, st = _block(lp, x, cos, sin, mask, cfg, None, None, valid, None, moe=True)
+            x, _, st = _block(lp, x, cos, sin, mask, cfg, None, None, valid, None, moe=True,
+                              attend_fn=attend_fn, experts_fn=experts_fn)
             return x, st
         mtp_logits, mtp_counts, mtp_bal = mtp_forward(params, hidden, tokens, cfg, block_fn)
         out["mtp_logits"], out["mtp_expert_counts"] = mtp_logits, mtp_counts
