@@ -159,3 +159,35 @@ def test_rl_config_dict_round_trips_through_validation():
     b = batch_of(trajs_two_groups())
     loss, m = loss_fn(jnp.asarray(b["behaviour_logp"]), b)
     assert np.isfinite(float(loss)) and "ppo/clip_frac" in m
+
+
+def test_outputs_adapter_temperature_and_raw_behaviour():
+    from c2jax.rl.loss import rl_loss_from_outputs, token_logprobs
+
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(ROWS, MAX_LEN, 11)), jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 11, (ROWS, MAX_LEN)), jnp.int32)
+    np.testing.assert_allclose(token_logprobs(logits, targets, 0.7),
+                               np.take_along_axis(np.asarray(jax.nn.log_softmax(logits / 0.7)), np.asarray(targets)[..., None], -1)[..., 0],
+                               rtol=1e-5, atol=1e-6)
+    # A sampler at temperature 0.7: behaviour = tempered logprob, raw = temperature-1 logprob.
+    segs = []
+    for i in range(4):
+        segs.append(Segment([1, 2], [3, 4, 5], [1, 1, 1], [-0.5] * 3, [0] * 3, raw_logprobs=[-0.6] * 3))
+    trajs = [Trajectory([s], "t", "g", reward_terms={"task": float(i % 2)}) for i, s in enumerate(segs)]
+    b = pad_batch(trajs, MAX_LEN, num_rows=ROWS, max_trajectories=N)
+    b = dict(b, targets=targets)
+    lp_t = token_logprobs(logits, targets, 0.7)
+    lp_1 = token_logprobs(logits, targets, 1.0)
+    b["behaviour_logp"] = np.where(b["loss_mask"] > 0, lp_t, 0.0).astype(np.float32)
+    b["raw_logp"] = np.where(b["loss_mask"] > 0, lp_1, 0.0).astype(np.float32)
+    cfg = dict(objective=dict(name="pg", tis_cap=2.0))
+    _, m = rl_loss_from_outputs(cfg, temperature=0.7)({"logits": logits}, b)
+    assert float(m["tis/ratio_mean"]) == pytest.approx(1.0) and float(m["mismatch/abs_logp_diff"]) < 1e-6
+    _, m = rl_loss_from_outputs(dict(cfg, behaviour_logprobs="raw"))({"logits": logits}, b)
+    assert float(m["tis/ratio_mean"]) == pytest.approx(1.0) and float(m["mismatch/abs_logp_diff"]) < 1e-6
+    _, m = rl_loss_from_outputs(cfg)({"logits": logits}, b)  # temperature mismatch shows up as off-policy
+    assert float(m["mismatch/abs_logp_diff"]) > 0.1
+    del b["raw_logp"]
+    with pytest.raises(KeyError, match="raw_logp"):
+        rl_loss_from_outputs(dict(cfg, behaviour_logprobs="raw"))({"logits": logits}, b)

@@ -67,7 +67,7 @@ def _named(check: Checker, key: str, section: Mapping[str, Any], registry) -> tu
 @register_validator("rl")
 def validate_rl(check: Checker, rl: Any, full: Any) -> None:
     c = resolve_rl_config(rl)
-    known = {"group_size", "overlong_mask", "advantage", "objective", "aggregation", "kl", "rewards"}
+    known = {"group_size", "behaviour_logprobs", "overlong_mask", "advantage", "objective", "aggregation", "kl", "rewards"}
     for k in _plain(rl) or {}:
         if k not in known:
             check.error(k, f"unknown rl option; known: {sorted(known)}")
@@ -76,6 +76,8 @@ def validate_rl(check: Checker, rl: Any, full: Any) -> None:
     if isinstance(g, bool) or not isinstance(g, int) or g < 2:
         check.error("group_size", f"must be an integer >= 2 (a group of 1 has no baseline), got {g!r}")
 
+    if c["behaviour_logprobs"] not in ("sampling", "raw"):
+        check.error("behaviour_logprobs", f"must be 'sampling' or 'raw', got {c['behaviour_logprobs']!r}")
     if not isinstance(c["overlong_mask"], bool):
         check.error("overlong_mask", f"must be a bool, got {c['overlong_mask']!r}")
 

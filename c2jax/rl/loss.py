@@ -9,6 +9,13 @@ reference policy's, needed only when the KL coefficient is > 0; `old_logp` [B, L
 proximal policy for ``ppo``/``cispo`` (defaults to the behaviour logprobs). The config is read
 once, outside jit, so the returned function is pure and static-shaped.
 
+Which sampler logprob is "behaviour": the sampler reports, per token, the logprob under the
+distribution it actually sampled from (temperature, top-k/top-p; `behaviour_logp`) and under the
+raw model (temperature 1; `raw_logp`). ``behaviour_logprobs="sampling"`` (default) is right when
+`logp` is computed at the sampling temperature without truncation (`token_logprobs(..., temperature)`);
+``"raw"`` compares the learner's raw logprob with the sampler's raw one, so ratios measure only
+staleness and train/inference numerics, whatever the sampling settings.
+
 Masking: tokens of N-axis padding, infrastructure-failed trajectories, trajectories whose total
 reward is not finite and, only if ``overlong_mask=True`` (off by default, as in Composer 2),
 truncated trajectories are excluded from the loss (and counted in the metrics); tokens off the loss
@@ -32,6 +39,7 @@ from c2jax.rl.rewards import compute_rewards
 # gradient, constant normaliser (Dr. GRPO), k1 KL (coefficient not disclosed; 0 = off) in the reward.
 DEFAULT_RL_CONFIG: dict[str, Any] = dict(
     group_size=8,
+    behaviour_logprobs="sampling",  # which sampler logprob the ratios use: "sampling" or "raw" (see below)
     overlong_mask=False,  # DAPO-style masking of truncated rollouts; the report found no benefit
     advantage=dict(name="grpo", std_normalize=False, scale=1.0),
     objective=dict(name="pg", tis_cap=None),
@@ -98,6 +106,9 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
         raise ValueError(f"rl.kl.placement must be one of {KL_PLACEMENTS}, got {placement!r}")
     reward_cfg = c["rewards"]
     overlong_mask = bool(c.get("overlong_mask", False))
+    beh_key = {"sampling": "behaviour_logp", "raw": "raw_logp"}.get(c.get("behaviour_logprobs", "sampling"))
+    if beh_key is None:
+        raise ValueError(f"rl.behaviour_logprobs must be 'sampling' or 'raw', got {c.get('behaviour_logprobs')!r}")
 
     def loss_fn(logp: jax.Array, batch: Mapping[str, Any], logp_ref: jax.Array | None = None,
                 old_logp: jax.Array | None = None) -> tuple[jax.Array, dict]:
@@ -105,6 +116,10 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
             raise ValueError(f"logp shape {logp.shape} != batch['loss_mask'] shape {batch['loss_mask'].shape}")
         if coef > 0 and logp_ref is None:
             raise ValueError("rl.kl.coef > 0 needs logp_ref (the reference policy's logprobs)")
+        if beh_key not in batch:
+            raise KeyError(f"rl.behaviour_logprobs needs batch[{beh_key!r}]; pad_batch adds 'raw_logp' only "
+                           f"when every segment has raw_logprobs")
+        behaviour_logp = batch[beh_key]  # [B, L]
         ti = batch["traj_index"]  # [B, L]
         n = batch["traj_valid"].shape[0]
         valid = batch["traj_valid"] * (1.0 - batch["infra_failed"])  # [N]
@@ -122,7 +137,7 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
         usable = valid * jnp.isfinite(rewards)
         mask = batch["loss_mask"] * _gather(usable, ti)  # [B, L]
         adv_tok = _gather(adv, ti)  # [B, L]
-        per_tok, om = obj_fn(logp, adv_tok, mask, batch["behaviour_logp"], old_logp=old_logp, **obj_cfg)
+        per_tok, om = obj_fn(logp, adv_tok, mask, behaviour_logp, old_logp=old_logp, **obj_cfg)
         metrics.update(om)
         pg = agg_fn(per_tok, mask, ti, n, **agg_cfg)
         loss = pg
@@ -135,7 +150,7 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
         if logp_ref is not None:
             metrics.update(kl_metrics(logp, logp_ref, mask))
         ntok = jnp.maximum(mask.sum(), 1.0)
-        diff = jnp.where(mask > 0, jax.lax.stop_gradient(logp) - batch["behaviour_logp"], 0.0)
+        diff = jnp.where(mask > 0, jax.lax.stop_gradient(logp) - behaviour_logp, 0.0)
         metrics["mismatch/abs_logp_diff"] = jnp.sum(jnp.abs(diff)) / ntok
         metrics["batch/policy_tokens"] = mask.sum()
         metrics["batch/infra_failed"] = jnp.sum(batch["infra_failed"] * batch["traj_valid"])
@@ -146,3 +161,25 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
         return loss, metrics
 
     return loss_fn
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """log softmax(logits / temperature)[target] in float32: [..., V], [...] -> [...]."""
+    z = logits.astype(jnp.float32) / temperature
+    tgt = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return tgt - jax.nn.logsumexp(z, axis=-1)
+
+
+def rl_loss_from_outputs(cfg: Any = None, *, temperature: float = 1.0) -> Callable[..., tuple[jax.Array, dict]]:
+    """The RL loss in the `c2jax.losses` convention `fn(outputs, batch) -> (scalar, metrics)`.
+
+    logp comes from outputs["logits"] [B, L, V] and batch["targets"]; optional batch["logp_ref"]
+    and batch["old_logp"] [B, L] are the reference and proximal logprobs (precomputed, no gradient).
+    """
+    loss_fn = make_rl_loss(cfg)
+
+    def fn(outputs: Mapping[str, Any], batch: Mapping[str, Any]) -> tuple[jax.Array, dict]:
+        logp = token_logprobs(outputs["logits"], batch["targets"], temperature)  # [B, L]
+        return loss_fn(logp, batch, batch.get("logp_ref"), batch.get("old_logp"))
+
+    return fn
