@@ -173,3 +173,25 @@ def test_cli_build_and_bad_config(tmp_path, capsys):
     assert cli(["verify", "--config", str(cfg_file), "--no-progress"]) == 0
     assert cli(["build", "--config", str(cfg_file), "--no-progress", "--set", "data.sources.stdlib_code.weight=-1.0"]) == 2
     assert "data.sources.stdlib_code.weight" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_quickstart_preset_end_to_end(tmp_path):
+    """The real quickstart mix on this machine's stdlib and packages (about half a minute)."""
+    from c2jax.data import presets
+
+    cfg = presets.quickstart(dir=str(tmp_path / "data"))
+    b = B.build(cfg, progress=False)
+    assert b.vocab_size == 4096
+    corpus = Corpus.load(b.corpus_dir)
+    m = corpus.manifest
+    assert {"rich", "stdlib:json", "stdlib:email"} <= set(m["held_out_packages"])
+    train_pkgs = set(m["packages"]["train"])
+    assert not train_pkgs & set(m["held_out_packages"]) and len(train_pkgs) >= 20
+    assert not any("/_vendor/" in d["path"] or "/vendor/" in d["path"] for d in m["documents"]["train"])
+    assert sum(b.tokens["train"].values()) > 1_000_000 and b.tokens["heldout"]["package_code"] > 10_000
+    text_mix = {k: v for k, v in b.default_weights.items() if v > 0}
+    batch = b.loader(seq_len=256, batch_size=8, seed=0, weights=text_mix).next_batch()
+    assert batch["loss_mask"].mean() > 0.9
+    sft = b.loader(seq_len=1024, batch_size=4, seed=0, weights=presets.sft_weights()).next_batch()
+    assert 0 < sft["loss_mask"].mean() < 1
