@@ -62,16 +62,25 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     Returns (tokens [B] int32, logprob_sampling [B] f32, logprob_raw [B] f32).
     """
     logits = logits.astype(jnp.float32)
+    B, V = logits.shape
     raw_lp = jax.nn.log_softmax(logits, axis=-1)  # [B, V]
     greedy = temperature <= 0.0
     t = jnp.where(greedy, 1.0, temperature)[:, None]
     scaled = logits / t
-    keep = truncation_mask(scaled, top_k, top_p)
+    # The sort of top-k/top-p and the noise draw are skipped (lax.cond) when no row needs them
+    # (e.g. an all-greedy batch): on CPU a [B, V] sort costs as much as a small model's step.
+    need_trunc = jnp.any(~greedy & ((top_k > 0) | (top_p < 1.0)))
+    keep = jax.lax.cond(need_trunc, lambda: truncation_mask(scaled, top_k, top_p),
+                        lambda: jnp.ones((B, V), bool))
     masked = jnp.where(keep, scaled, -jnp.inf)
     samp_lp = jax.nn.log_softmax(masked, axis=-1)  # [B, V]
-    keys = _row_keys(seeds, draw_index)
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
-    drawn = jnp.argmax(masked + gumbel, axis=-1)
+
+    def draw():
+        keys = _row_keys(seeds, draw_index)
+        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (V,), jnp.float32))(keys)
+        return jnp.argmax(masked + gumbel, axis=-1).astype(jnp.int32)
+
+    drawn = jax.lax.cond(jnp.any(~greedy), draw, lambda: jnp.zeros((B,), jnp.int32))
     best = jnp.argmax(logits, axis=-1)
     tok = jnp.where(greedy, best, drawn).astype(jnp.int32)
     lp_raw = jnp.take_along_axis(raw_lp, tok[:, None], axis=-1)[:, 0]
