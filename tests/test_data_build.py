@@ -92,6 +92,19 @@ def test_build_resumes_after_crash(tmp_path, monkeypatch):
         assert m1["digests"] == m0["digests"] and m1["n_tokens"] == m0["n_tokens"]
 
 
+def test_build_replaces_a_corrupt_store(tmp_path):
+    cfg = fake_data_config(str(tmp_path))
+    b = B.build(cfg, progress=False)
+    split = os.path.join(b.shards_dir, "train")
+    meta = json.load(open(os.path.join(split, "meta.json")))
+    meta["digests"]["loss_mask"][0] = "f" * 16
+    json.dump(meta, open(os.path.join(split, "meta.json"), "w"))
+    with pytest.warns(UserWarning, match="'loss_mask' is corrupt.*rebuilding"):
+        b2 = B.build(cfg, progress=False)
+    b2.reader("train", verify="deep")
+    assert [p for p in os.listdir(b.shards_dir) if p.startswith("train.corrupt-")]
+
+
 def test_loader_from_built_data_and_pinning(built, tmp_path):
     cfg, b = built
     with pytest.raises(DataError, match="no document of source 'transcripts' fits"):

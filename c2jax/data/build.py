@@ -23,6 +23,8 @@ import hashlib
 import json
 import os
 import sys
+import time
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Iterator
 
@@ -198,9 +200,12 @@ def build_split(corpus: Corpus, split: str, tok: T.Tokenizer, out_dir: str, key:
         try:
             meta = read_meta(out_dir)
             if meta.get("key") == key:
+                ShardReader(out_dir, verify="auto", in_memory=False)  # a damaged store is rebuilt
                 return meta
-        except ShardError:
-            pass
+        except ShardError as e:
+            aside = f"{out_dir}.corrupt-{int(time.time())}"
+            os.replace(out_dir, aside)  # keep the damaged store for inspection; build a fresh one
+            warnings.warn(f"{e}; moved it to {aside} and rebuilding", stacklevel=2)
     recs = corpus.manifest["documents"][split]
     n_docs = len(recs)
     max_tokens = sum(r["bytes"] + 16 for r in recs) + 1
