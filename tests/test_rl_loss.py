@@ -51,6 +51,8 @@ def test_jit_shapes_and_segment_chain_credit():
     assert np.all(g[mask == 0] == 0)  # prompts, tool outputs and padding get no gradient
     assert float(m["batch/policy_tokens"]) == 5 + 4 + 4 + 4 + 3 + 7
     assert float(m["mismatch/abs_logp_diff"]) == 0.0
+    _, m = loss_fn(logp, b, current_version=5)  # every token was sampled by version 2
+    assert float(m["staleness/mean"]) == 3.0 and float(m["staleness/max"]) == 3.0
 
 
 @pytest.mark.parametrize("cfg", [

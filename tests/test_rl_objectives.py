@@ -201,3 +201,33 @@ def test_decoupled_ppo_weights_by_proximal_over_behaviour():
     f = lambda lp: jnp.sum(policy_loss("ppo", lp, adv, mask, beh, old_logp=old, clip_low=0.2, clip_high=0.2, tis_cap=2.0)[0])
     g = jax.jit(jax.grad(f))(logp)
     np.testing.assert_allclose(g[0], [-0.5 / 0.45, -2.0 * 0.5 / 0.45, 0.0], rtol=1e-5)
+
+
+def test_training_on_sampled_groups_raises_expected_reward():
+    """End to end: sample groups from the toy policy, take plain SGD steps on the composed loss
+    (Composer 2 defaults), and the exact expected reward rises from ~0.24 to well above 0.5."""
+    loss = make_rl_loss(dict(aggregation=dict(name="constant", constant=8 * 3 * 4.0)))
+    tok = jnp.asarray(toy.TOKENS)
+    n_groups, g = 8, 4
+
+    @jax.jit
+    def step(theta, key):
+        logp_all = toy.token_logp(theta, tok)  # [K, T]
+        p = jnp.exp(jnp.sum(logp_all * toy.MASK, -1))
+        idx = jax.random.choice(key, toy.K, (n_groups * g,), p=p)  # [n_groups * g]
+        batch = toy.batch_for(idx, logp_all)
+        batch["group_index"] = jnp.arange(n_groups * g) // g
+
+        def f(th):
+            return loss(toy.token_logp(th, tok[idx]), batch)[0]
+
+        return theta - 2.0 * jax.grad(f)(theta)
+
+    theta = toy.init_theta(0)
+    j0 = float(toy.expected_reward(theta))
+    key = jax.random.key(0)
+    for _ in range(40):
+        key, sub = jax.random.split(key)
+        theta = step(theta, sub)
+    j1 = float(toy.expected_reward(theta))
+    assert j0 < 0.3 and j1 > 0.6, (j0, j1)

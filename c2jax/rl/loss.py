@@ -6,7 +6,8 @@
 `logp` [B, L] is the learner's log pi(targets[b, t] | context) for the batch from
 `c2jax.trajectory.pad_batch` (the model forward is the trainer's job); `logp_ref` [B, L] is the
 reference policy's, needed only when the KL coefficient is > 0; `old_logp` [B, L] is an optional
-proximal policy for ``ppo``/``cispo`` (defaults to the behaviour logprobs). The config is read
+proximal policy for ``ppo``/``cispo`` (defaults to the behaviour logprobs); `current_version`
+(the learner's weight version) adds staleness metrics from the per-token policy versions. The config is read
 once, outside jit, so the returned function is pure and static-shaped.
 
 Which sampler logprob is "behaviour": the sampler reports, per token, the logprob under the
@@ -111,7 +112,8 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
         raise ValueError(f"rl.behaviour_logprobs must be 'sampling' or 'raw', got {c.get('behaviour_logprobs')!r}")
 
     def loss_fn(logp: jax.Array, batch: Mapping[str, Any], logp_ref: jax.Array | None = None,
-                old_logp: jax.Array | None = None) -> tuple[jax.Array, dict]:
+                old_logp: jax.Array | None = None, current_version: jax.Array | int | None = None
+                ) -> tuple[jax.Array, dict]:
         if logp.shape != batch["loss_mask"].shape:
             raise ValueError(f"logp shape {logp.shape} != batch['loss_mask'] shape {batch['loss_mask'].shape}")
         if coef > 0 and logp_ref is None:
@@ -153,6 +155,10 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
         diff = jnp.where(mask > 0, jax.lax.stop_gradient(logp) - behaviour_logp, 0.0)
         metrics["mismatch/abs_logp_diff"] = jnp.sum(jnp.abs(diff)) / ntok
         metrics["batch/policy_tokens"] = mask.sum()
+        if current_version is not None and "versions" in batch:
+            lag = jnp.where(mask > 0, current_version - batch["versions"], 0)  # [B, L] weight updates behind
+            metrics["staleness/mean"] = jnp.sum(lag) / ntok
+            metrics["staleness/max"] = jnp.max(lag).astype(jnp.float32)
         metrics["batch/infra_failed"] = jnp.sum(batch["infra_failed"] * batch["traj_valid"])
         if truncated is not None:
             metrics["batch/truncated"] = jnp.sum(truncated * batch["traj_valid"])
