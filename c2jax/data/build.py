@@ -55,6 +55,8 @@ class BuiltData:
     sources: list[str]
     source_kinds: dict[str, str]
     tokens: dict[str, dict[str, int]]  # split -> source -> token count
+    default_weights: dict | None = None  # data.sources.<name>.weight at build time
+    default_packing: dict | None = None  # data.packing at build time
 
     def tokenizer(self) -> T.Tokenizer:
         return T.Tokenizer.load(self.tokenizer_path)
@@ -72,10 +74,9 @@ class BuiltData:
             process_index, process_count = _process_info()
         return Loader(reader or self.reader(split), seq_len=seq_len, batch_size=batch_size,
                       weights=weights if weights is not None else self.default_weights, seed=seed,
-                      packing=packing, process_index=process_index, process_count=process_count,
+                      packing=packing if packing is not None else self.default_packing,
+                      process_index=process_index, process_count=process_count,
                       pad_id=T.ALL_SPECIAL_TOKENS.index(T.PAD))
-
-    default_weights: dict | None = None
 
     def save(self, path: str) -> str:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -259,4 +260,5 @@ def build(data_cfg: Any, root: str | None = None, progress: bool = True) -> Buil
         tokens[split] = {s["name"]: s["tok_hi"] - s["tok_lo"] for s in meta["sources"]}
     return BuiltData(root=root, corpus_dir=corpus.dir, manifest_hash=corpus.manifest_hash, tokenizer_path=tok_path,
                      shards_dir=shards_dir, shard_key=key, vocab_size=tok.vocab_size, sources=sources,
-                     source_kinds=kinds, tokens=tokens, default_weights=weights)
+                     source_kinds=kinds, tokens=tokens, default_weights=weights,
+                     default_packing={str(k): str(v) for k, v in dict(cfg_get(data_cfg, "packing", {})).items()})

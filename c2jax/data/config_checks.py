@@ -40,7 +40,6 @@ def _items(x: Any) -> list[tuple[str, Any]]:
 
 @register_validator("data")
 def validate_data(check: Checker, data: Any, full: Any) -> None:
-    from c2jax.data import licences
     from c2jax.data.sources import SOURCES
     from c2jax.data.synth import KINDS
     from c2jax.data.tokenizer import MIN_VOCAB

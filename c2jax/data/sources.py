@@ -66,19 +66,20 @@ def matches_any(package: str, patterns: Iterable[str]) -> bool:
 
 @dataclass
 class Candidate:
-    """A document not yet read: enough metadata to filter it, and `load()` to get its text."""
+    """A document not yet read: enough metadata to filter it, and `load()` to get its text.
+
+    `load()` returns the text, or ``(text, sha256 of the file it was derived from)`` for derived
+    text such as docstrings (so dedup can drop text derived from a held-out file), or None.
+    """
 
     source: str
     package: str
     path: str
     licence: str
     size: int
-    load: Callable[[], str | None]
+    load: Callable[[], Any]
     kind: str = "text"
     vendored_in: str | None = None
-
-
-LoadResult = "str | tuple[str, str] | None"  # text, or (text, sha256 of the file it was derived from)
 
 
 @dataclass
