@@ -142,7 +142,7 @@ def tokenizer_texts(corpus: Corpus, max_bytes: int) -> Iterator[str]:
             yield t
 
 
-def build_tokenizer(corpus: Corpus, data_cfg: Any, root: str) -> str:
+def build_tokenizer(corpus: Corpus, data_cfg: Any, root: str, progress: bool = False) -> str:
     tcfg = cfg_get(data_cfg, "tokenizer", {})
     given = cfg_get(tcfg, "path", "")
     if given:
@@ -155,7 +155,8 @@ def build_tokenizer(corpus: Corpus, data_cfg: Any, root: str) -> str:
     path = os.path.join(root, "tokenizer", key[:16], "tokenizer.json")
     if os.path.exists(path):
         return path
-    tok = T.train_tokenizer(tokenizer_texts(corpus, train_bytes), vocab_size=vocab, min_frequency=min_freq)
+    tok = T.train_tokenizer(tokenizer_texts(corpus, train_bytes), vocab_size=vocab, min_frequency=min_freq,
+                            show_progress=progress)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tok.save(path)
     return path
@@ -245,7 +246,7 @@ def build(data_cfg: Any, root: str | None = None, progress: bool = True) -> Buil
             raise CorpusError(
                 f"data.sources.{n} has weight {weights[n]} but produced no training documents "
                 f"(drops so far: {corpus.manifest['dropped']}); check its packages/paths or set its weight to 0")
-    tok_path = build_tokenizer(corpus, data_cfg, root)
+    tok_path = build_tokenizer(corpus, data_cfg, root, progress)
     tok = T.Tokenizer.load(tok_path)
     scfg = cfg_get(data_cfg, "shards", {})
     chunk = int(cfg_get(scfg, "chunk_tokens", 65536))

@@ -99,35 +99,40 @@ def edit_diff_example(doc: Document, lines: list[str], qual: str, fn, max_file_c
 
 def synthesize(docs: Iterable[Document], kinds: Iterable[str] = KINDS, max_examples: int = 2000,
                max_function_chars: int = 2000, max_file_chars: int = 6000) -> Iterator[Document]:
-    """Up to `max_examples` examples of each kind from Python source documents."""
+    """Up to `max_examples` examples of each kind from Python source documents.
+
+    Memory stays small on a full corpus: the first pass keeps only (hash key, document, function
+    name) per candidate; the selected files are parsed again when their examples are made.
+    """
     kinds = list(kinds)
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"unknown sft_synth kinds {bad}; known: {list(KINDS)}")
-    cands: dict[str, list[tuple[str, Document, str]]] = {k: [] for k in kinds}
-    parsed: dict[str, tuple[list[str], dict]] = {}
-    for doc in docs:
-        if doc.kind != "text" or not doc.path.endswith(".py"):
-            continue
+    cands: dict[str, list[tuple[str, int, str]]] = {k: [] for k in kinds}
+    docs = [d for d in docs if d.kind == "text" and d.path.endswith(".py")]
+    for i, doc in enumerate(docs):
         try:
             tree = ast.parse(doc.text)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError):
             continue
-        fns = dict(_functions(tree))
-        if not fns:
-            continue
-        parsed[doc.sha256] = (doc.text.splitlines(keepends=True), fns)
+        quals = [q for q, _ in _functions(tree)]
         for k in kinds:
             if k == "edit_diff" and len(doc.text) > max_file_chars:
                 continue
-            for qual in fns:
-                cands[k].append((_key(doc, qual, k), doc, qual))
+            for qual in quals:
+                cands[k].append((_key(doc, qual, k), i, qual))
+    cache: dict[int, tuple[list[str], dict]] = {}
     for k in kinds:
         made = 0
-        for _, doc, qual in sorted(cands[k], key=lambda c: c[0]):
+        for _, i, qual in sorted(cands[k]):
             if made >= max_examples:
                 break
-            lines, fns = parsed[doc.sha256]
+            doc = docs[i]
+            if i not in cache:
+                if len(cache) > 256:
+                    cache.clear()
+                cache[i] = (doc.text.splitlines(keepends=True), dict(_functions(ast.parse(doc.text))))
+            lines, fns = cache[i]
             if k == "implement":
                 ex = implement_example(doc, lines, qual, fns[qual], max_function_chars)
             else:
