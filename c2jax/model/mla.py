@@ -25,6 +25,7 @@ from c2jax.model.config import ModelConfig
 from c2jax.model.norms import rms_norm
 from c2jax.model.rope import apply_rope, softmax_scale
 
+CAUSAL_BLOCK = 128  # query block of causal block-skipping in self-attention without a cache
 _NEG = -1e30  # masked logit (finite so fully masked padded rows stay NaN-free)
 
 
@@ -54,18 +55,33 @@ def _softmax(scores: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Array, k_rope: jax.Array,
-                    mask: jax.Array, cfg: ModelConfig) -> jax.Array:
+                    mask: jax.Array, cfg: ModelConfig, causal_blocks: int = 1) -> jax.Array:
     """Attention with per-head keys/values expanded from the latents.
 
     q_nope [B,S,H,nope], q_rope [B,S,H,rope], c_kv [B,T,kv_lora], k_rope [B,T,rope], mask [B,S,T]
-    -> per-head outputs [B, S, H, v]."""
+    -> per-head outputs [B, S, H, v]. With ``causal_blocks = n > 1`` (self-attention without a
+    cache: T == S and the mask is causal) the queries are split into n blocks and block i only
+    scores the keys up to its own end: (n + 1) / (2n) of the square, the same result."""
     a, dt = cfg.attention, q_nope.dtype
+    h = q_nope.shape[2]
     kv = jnp.einsum("btc,chk->bthk", c_kv, p["kv_b_proj"]["kernel"].astype(dt))  # [B,T,H,nope+v]
     k_nope, v = kv[..., : a.qk_nope_head_dim], kv[..., a.qk_nope_head_dim:]
-    s = jnp.einsum("bshk,bthk->bhst", q_nope, k_nope, preferred_element_type=jnp.float32)
-    s = s + jnp.einsum("bshr,btr->bhst", q_rope, k_rope, preferred_element_type=jnp.float32)
-    prob = _softmax(s * softmax_scale(a), mask).astype(dt)  # [B,H,S,T]
-    return jnp.einsum("bhst,bthv->bshv", prob, v)
+    # one score matmul over [nope | rope] (k_rope is shared by all heads)
+    q = jnp.concatenate([q_nope, q_rope], axis=-1)  # [B,S,H,qk]
+    k = jnp.concatenate([k_nope, jnp.broadcast_to(k_rope[:, :, None], k_rope.shape[:2] + (h, k_rope.shape[-1]))],
+                        axis=-1)  # [B,T,H,qk]
+    scale = softmax_scale(a)
+    s_len = q.shape[1]
+    n = causal_blocks if causal_blocks > 1 and s_len % causal_blocks == 0 else 1
+    blk = s_len // n
+    outs = []
+    for i in range(n):
+        hi = k.shape[1] if n == 1 else (i + 1) * blk
+        s = jnp.einsum("bshk,bthk->bhst", q[:, i * blk:(i + 1) * blk], k[:, :hi],
+                       preferred_element_type=jnp.float32)  # [B,H,blk,hi]
+        prob = _softmax(s * scale, mask[:, i * blk:(i + 1) * blk, :hi]).astype(dt)
+        outs.append(jnp.einsum("bhst,bthv->bshv", prob, v[:, :hi]))
+    return outs[0] if n == 1 else jnp.concatenate(outs, axis=1)
 
 
 def attend_absorbed(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Array, k_rope: jax.Array,
@@ -106,8 +122,12 @@ def mla(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, 
         new_cache = {"c_kv": c_all, "k_rope": r_all}
         c_kv, k_rope = c_all.astype(x.dtype), r_all.astype(x.dtype)
         attend = attend_absorbed if x.shape[1] == 1 else attend_expanded
+        o = attend(p, q_nope, q_rope, c_kv, k_rope, mask, cfg)  # [B,S,H,v]
+    elif attend_fn is not None:
+        o = attend_fn(p, q_nope, q_rope, c_kv, k_rope, mask, cfg)
     else:
-        attend = attend_fn or attend_expanded
-    o = attend(p, q_nope, q_rope, c_kv, k_rope, mask, cfg)  # [B,S,H,v]
+        s_len = x.shape[1]
+        blocks = s_len // CAUSAL_BLOCK if s_len % CAUSAL_BLOCK == 0 and s_len >= 2 * CAUSAL_BLOCK else 1
+        o = attend_expanded(p, q_nope, q_rope, c_kv, k_rope, mask, cfg, causal_blocks=blocks)
     out = jnp.einsum("bshv,hvd->bsd", o, p["o_proj"]["kernel"].astype(x.dtype))
     return out, new_cache
