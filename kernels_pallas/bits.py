@@ -113,11 +113,13 @@ def div_rn(a: jax.Array, b: jax.Array) -> jax.Array:
     lt = (ma < mb).astype(jnp.int32)
     r = jnp.where(lt == 1, ma << 1, ma)  # r / mb in [1, 2)
     eq = xa - xb - lt
-    q = jnp.zeros_like(r)
-    for _ in range(25):  # 24 significand bits + 1 guard bit
+
+    def step(_, qr):  # one quotient bit; 25 steps = 24 significand bits + 1 guard bit
+        q, r = qr
         ge = r >= mb
-        q = (q << 1) | ge.astype(jnp.int32)
-        r = jnp.where(ge, r - mb, r) << 1
+        return (q << 1) | ge.astype(jnp.int32), jnp.where(ge, r - mb, r) << 1
+
+    q, r = lax.fori_loop(0, 25, step, (jnp.zeros_like(r), r))
     sticky = r != 0
     shift = jnp.clip(-125 - eq, 1, 26)  # 1 for normal results, more for subnormal ones
     mant = q >> shift

@@ -1,0 +1,186 @@
+"""`grouped_matmul` with a per-precision forward/backward recipe through `jax.custom_vjp`.
+
+y = ragged_dot(lhs, rhs, group_sizes): lhs (M, K) rows sorted by expert, rhs (G, K, N).
+Every quantisation starts from the high-precision source (never re-quantises a dequantised
+tensor) and blocks run along the contraction axis of the GEMM that consumes them:
+
+| precision            | fprop (x, w)                                | dgrad dY W^T (dY, W)     | wgrad X^T dY (X, dY)                 |
+|----------------------|---------------------------------------------|--------------------------|--------------------------------------|
+| f32 / bf16           | operands cast, FP32 accumulate              | same                     | same                                 |
+| fp8_blockwise        | x 1x128 along K, w 128x128                  | dY 1x128 along N, W 128x128 | x, dY 128x1 along tokens (groups padded to 128) |
+| mxfp8                | x, w MXFP8 E4M3 along K                     | dY, W MXFP8 along N      | x, dY MXFP8 along tokens (groups padded to 32) |
+| nvfp4_fwd_mxfp8_bwd  | x nvfp4_per_token along K; w NVFP4 1x16 along K with one FP32 scale per expert | as mxfp8 | as mxfp8 |
+
+Gradients are straight-through (quantisation is treated as identity in the backward). The
+group_sizes input gets no gradient. `impl='xla'` runs the same quantisers and then
+`jax.lax.ragged_dot` / a masked einsum on the dequantised operands (the oracle, and the CPU
+path); 'interpret' / 'pallas' run `pallas_gmm` kernels. Contraction and output axes are zero-padded
+to the block sizes the recipe needs (exact: zero blocks contribute nothing).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas.gmm import groups, pallas_gmm
+from kernels_pallas.gmm.reference import gmm_ref, tgmm_ref
+from kernels_pallas.quant import reference as qref
+
+PRECISIONS = ("f32", "bf16", "fp8_blockwise", "mxfp8", "nvfp4_fwd_mxfp8_bwd")
+GMM_IMPLS = ("xla", "interpret", "pallas")
+_ALIGN = {"f32": 1, "bf16": 1, "fp8_blockwise": 128, "mxfp8": 32, "nvfp4_fwd_mxfp8_bwd": 32}
+_TM = 64
+
+
+def _pad_axis(x, axis, mult):
+    pad = (-x.shape[axis]) % mult
+    if not pad:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def _e4m3(codes):
+    return jax.lax.bitcast_convert_type(codes, jnp.float8_e4m3fn)
+
+
+def _q(x, fmt, axis, **kw):
+    return qref.quantize(x, fmt, axis, **kw)
+
+
+# ------------------------------------------------------------------ one GEMM per role
+def _fwd_gemm(a, w, gs, fmt_pair, impl):
+    """a (M,K) @ w[g] (G,K,N) under a recipe family: 'plain32'|'plain16'|'fp8bw'|'mx'|'nvfp4'."""
+    m, k = a.shape
+    n = w.shape[2]
+    if fmt_pair in ("plain32", "plain16"):
+        dt = jnp.float32 if fmt_pair == "plain32" else jnp.bfloat16
+        a, w = a.astype(dt), w.astype(dt)
+        if impl == "xla":
+            return jax.lax.ragged_dot(a, w, gs, preferred_element_type=jnp.float32,
+                                      precision=jax.lax.Precision.HIGHEST)
+        return _kernel_gmm((a,), (w,), gs, "plain", m, k, n, impl)
+    if fmt_pair == "fp8bw":
+        qa = _q(a, "fp8_blockwise", 1)
+        qw = _q(w, "fp8_blockwise", 1, tile=(128, 128))
+        if impl == "xla":
+            return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+        return _kernel_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "fp8bw",
+                           m, k, n, impl)
+    if fmt_pair == "mx":
+        qa = _q(a, "mxfp8_e4m3", 1)
+        qw = _q(w, "mxfp8_e4m3", 1)
+        if impl == "xla":
+            return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+        return _kernel_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "mx",
+                           m, k, n, impl)
+    if fmt_pair == "nvfp4":
+        qa = _q(a, "nvfp4_per_token", 1)
+        qw = _q(w, "nvfp4", 1, group_axis=0)
+        if impl == "xla":
+            return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+        return _kernel_gmm((qa.data, _e4m3(qa.scales), qa.global_scale),
+                           (qw.data, _e4m3(qw.scales), qw.global_scale), gs, "nvfp4", m, k, n, impl)
+    raise ValueError(fmt_pair)
+
+
+def _kernel_gmm(lhs_ops, rhs_ops, gs, kind, m, k, n, impl):
+    mp = -(-m // _TM) * _TM if m > _TM else m
+    if mp != m:
+        lhs_ops = tuple(_pad_axis(o, 0, _TM) for o in lhs_ops)
+    tk = k if k <= 512 else 256
+    tn = n if n <= 256 else 128
+    out = pallas_gmm.gmm(lhs_ops, rhs_ops, gs, kind=kind, m=mp, k=k, n=n, tm=_TM, tk=tk, tn=tn,
+                         interpret=impl == "interpret")
+    return out[:m]
+
+
+def _wgrad_gemm(x, dy, gs, family, impl):
+    """x^T dy per group -> (G, K, N) f32."""
+    m, k = x.shape
+    n = dy.shape[1]
+    if family in ("plain32", "plain16"):
+        dt = jnp.float32 if family == "plain32" else jnp.bfloat16
+        x, dy = x.astype(dt), dy.astype(dt)
+        if impl == "xla":
+            return tgmm_ref(x, dy, gs)
+        mp = -(-m // _TM) * _TM if m > _TM else m
+        return pallas_gmm.tgmm((_pad_axis(x, 0, _TM),), (_pad_axis(dy, 0, _TM),), gs, kind="plain",
+                               m=mp, k=k, n=n, tm=_TM, tk=min(k, 128), tn=min(n, 128),
+                               interpret=impl == "interpret")
+    align = 128 if family == "fp8bw" else 32
+    tm = 128 if family == "fp8bw" else _TM
+    xp, pgs, _ = groups.pad_groups(x, gs, align, tm)
+    dyp, _, _ = groups.pad_groups(dy, gs, align, tm)
+    fmt = "fp8_blockwise" if family == "fp8bw" else "mxfp8_e4m3"
+    qx, qd = _q(xp, fmt, 0), _q(dyp, fmt, 0)
+    if impl == "xla":
+        return tgmm_ref(qref.dequantize(qx), qref.dequantize(qd), pgs)
+    kind = "fp8bw" if family == "fp8bw" else "mx"
+    return pallas_gmm.tgmm((_e4m3(qx.data), qx.scales), (_e4m3(qd.data), qd.scales), pgs, kind=kind,
+                           m=xp.shape[0], k=k, n=n, tm=tm, tk=min(k, 128), tn=min(n, 128),
+                           interpret=impl == "interpret")
+
+
+_FAMILIES = {  # precision -> (fprop, dgrad, wgrad) families
+    "f32": ("plain32", "plain32", "plain32"),
+    "bf16": ("plain16", "plain16", "plain16"),
+    "fp8_blockwise": ("fp8bw", "fp8bw", "fp8bw"),
+    "mxfp8": ("mx", "mx", "mx"),
+    "nvfp4_fwd_mxfp8_bwd": ("nvfp4", "mx", "mx"),
+}
+
+
+# ------------------------------------------------------------------ custom_vjp
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _gmm_vjp(lhs, rhs, group_sizes, precision, impl):
+    return _forward(lhs, rhs, group_sizes, precision, impl)
+
+
+def _forward(lhs, rhs, gs, precision, impl):
+    align = _ALIGN[precision]
+    k, n = lhs.shape[1], rhs.shape[2]
+    a = _pad_axis(lhs, 1, align)
+    w = _pad_axis(_pad_axis(rhs, 1, align), 2, 128 if precision == "fp8_blockwise" else 1)
+    y = _fwd_gemm(a, w, gs, _FAMILIES[precision][0], impl)
+    return y[:, :n].astype(lhs.dtype)
+
+
+def _gmm_fwd(lhs, rhs, group_sizes, precision, impl):
+    return _forward(lhs, rhs, group_sizes, precision, impl), (lhs, rhs, group_sizes)
+
+
+def _gmm_bwd(precision, impl, res, dy):
+    lhs, rhs, gs = res
+    _, dfam, wfam = _FAMILIES[precision]
+    align = _ALIGN[precision]
+    m, k = lhs.shape
+    n = rhs.shape[2]
+    # dgrad: dX = dY @ W^T, contraction over N
+    d = _pad_axis(dy, 1, align)
+    wt = _pad_axis(_pad_axis(jnp.swapaxes(rhs, 1, 2), 1, align), 2, 128 if dfam == "fp8bw" else 1)
+    dx = _fwd_gemm(d, wt, gs, dfam, impl)[:, :k]
+    # wgrad: dW[g] = X_g^T dY_g, contraction over the tokens of each group
+    kpad = 128 if wfam == "fp8bw" else 1
+    dw = _wgrad_gemm(_pad_axis(lhs, 1, kpad), _pad_axis(dy, 1, kpad), gs, wfam, impl)[:, :k, :n]
+    return dx.astype(lhs.dtype), dw.astype(rhs.dtype), None
+
+
+_gmm_vjp.defvjp(_gmm_fwd, _gmm_bwd)
+
+
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, precision: str = "f32",
+                   impl: str = "xla") -> jax.Array:
+    """Ragged grouped matmul (M, K) x (G, K, N) -> (M, N) in `lhs.dtype`, differentiable in lhs and
+    rhs with the recipe of `precision` (module docstring). impl: 'xla' | 'interpret' | 'pallas'."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if impl not in GMM_IMPLS:
+        raise ValueError(f"impl must be one of {GMM_IMPLS}, got {impl!r}")
+    if lhs.ndim != 2 or rhs.ndim != 3 or lhs.shape[1] != rhs.shape[1] or group_sizes.shape != (rhs.shape[0],):
+        raise ValueError(f"grouped_matmul expects lhs (M,K), rhs (G,K,N), group_sizes (G,); got "
+                         f"{lhs.shape}, {rhs.shape}, {group_sizes.shape}")
+    return _gmm_vjp(lhs, rhs, group_sizes.astype(jnp.int32), precision, impl)
