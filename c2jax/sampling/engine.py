@@ -191,6 +191,12 @@ class Engine:
             self._wake.notify_all()
             return seq
 
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted / proposed MTP drafts so far (NaN before any proposal)."""
+        p = self.stats["spec_proposed"]
+        return self.stats["spec_accepted"] / p if p else float("nan")
+
     def has_work(self) -> bool:
         return bool(self.queue) or any(s is not None for s in self.row_seq)
 
@@ -308,6 +314,8 @@ class Engine:
                 lcp = int(neq[0]) if neq.size else n
                 if lcp > best or (lcp == best and src not in free and r in free):
                     best, src = lcp, r
+        if self._spec is not None:
+            best -= 1  # the MTP entry of the last reused position depends on the next token
         if best >= max(1, self.config.min_prefix_reuse) and src >= 0:
             if src in free:
                 return src, best, -1
@@ -326,6 +334,8 @@ class Engine:
             free.remove(slot)
             if src >= 0:
                 self.cache = self._steps.copy_row(self.cache, jnp.int32(src), jnp.int32(slot), jnp.int32(reuse))
+                if self._spec is not None:
+                    self._spec.copy_row(src, slot, reuse)
                 for a in (self.row_tokens, self.row_routes, self.row_versions, self.row_route_versions):
                     a[slot, :reuse] = a[src, :reuse]
                 self.stats["prefix_copies"] += 1
@@ -337,18 +347,23 @@ class Engine:
             c *= 2
         return c
 
-    def _prefill(self, slot: int, tokens: np.ndarray, start: int, samp: dict, draw: int):
+    def _prefill(self, slot: int, tokens: np.ndarray, start: int, samp: dict, draw: int, follow: int = -1):
         """Chunked prefill of `tokens` into row `slot` from position `start`. Returns the last
-        chunk's (token, logprob_sampling, logprob_raw) and fills row routes/tokens."""
+        chunk's (token, logprob_sampling, logprob_raw) and fills row routes/tokens. `follow` is
+        the token after `tokens` if already known (speculative decoding's MTP cache needs it)."""
         pos, end = start, start + len(tokens)
         while pos < end:
             n = min(self.config.prefill_chunk, end - pos)
             c = self._buckets(n)
             chunk = np.zeros((c,), np.int32)
             chunk[:n] = tokens[pos - start: pos - start + n]
-            self.cache, tok, lps, lpr, routes = self._steps.prefill(
-                self.params, self.cache, jnp.int32(slot), jnp.asarray(chunk), jnp.int32(pos), jnp.int32(n),
-                samp, jnp.int32(draw))
+            if self._spec is not None:
+                fol = int(tokens[pos - start + n]) if pos + n < end else follow
+                tok, lps, lpr, routes = self._spec.prefill(slot, chunk, pos, n, fol, samp, draw)
+            else:
+                self.cache, tok, lps, lpr, routes = self._steps.prefill(
+                    self.params, self.cache, jnp.int32(slot), jnp.asarray(chunk), jnp.int32(pos), jnp.int32(n),
+                    samp, jnp.int32(draw))
             self.row_tokens[slot, pos:pos + n] = chunk[:n]
             self.row_routes[slot, pos:pos + n] = np.asarray(routes)[:n]
             self.row_route_versions[slot, pos:pos + n] = self.version
@@ -461,6 +476,6 @@ class Engine:
             n = int(self.row_len[s])
             samp = {"temperature": jnp.float32(0), "top_p": jnp.float32(1), "top_k": jnp.int32(0),
                     "seed": jnp.uint32(0)}
-            self._prefill(s, self.row_tokens[s, :n].copy(), 0, samp, 0)
+            self._prefill(s, self.row_tokens[s, :n].copy(), 0, samp, 0, follow=seq.next_tok)
             self.row_versions[s, :min(n, len(seq.prompt))] = self.version
             self.stats["recomputed_tokens"] += n
