@@ -323,7 +323,11 @@ class Trajectory:
                 raise TrajectoryError(key, "missing")
         segs = []
         seg_keys = ("prompt_ids", "completion_ids", "loss_mask", "behaviour_logprobs", "policy_versions")
+        if not isinstance(d["segments"], list):
+            raise TrajectoryError("segments", f"must be a list, got {type(d['segments']).__name__}")
         for i, sd in enumerate(d["segments"]):
+            if not isinstance(sd, dict):
+                raise TrajectoryError(f"segments[{i}]", f"must be an object, got {type(sd).__name__}")
             for key in seg_keys:
                 if key not in sd:
                     raise TrajectoryError(f"segments[{i}].{key}", "missing")

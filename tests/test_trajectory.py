@@ -127,6 +127,10 @@ def test_from_dict_missing_fields():
     del d["group_id"]
     with pytest.raises(TrajectoryError, match="group_id"):
         Trajectory.from_dict(d)
+    with pytest.raises(TrajectoryError, match="segments: must be a list"):
+        Trajectory.from_dict(dict(make_traj().to_dict(), segments=None))
+    with pytest.raises(TrajectoryError, match=r"segments\[0\]: must be an object"):
+        Trajectory.from_dict(dict(make_traj().to_dict(), segments=[3]))
     with pytest.raises(TrajectoryError, match="invalid JSON"):
         Trajectory.from_json("{")
 

@@ -39,7 +39,7 @@ from c2jax.rl.rewards import compute_rewards
 # Defaults follow the Composer 2 report: GRPO mean baseline without std division, plain policy
 # gradient, constant normaliser (Dr. GRPO), k1 KL (coefficient not disclosed; 0 = off) in the reward.
 DEFAULT_RL_CONFIG: dict[str, Any] = dict(
-    group_size=8,
+    group_size=8,  # rollouts per prompt (used by the sampler; the loss handles any group size >= 2)
     behaviour_logprobs="sampling",  # which sampler logprob the ratios use: "sampling" or "raw" (see below)
     overlong_mask=False,  # DAPO-style masking of truncated rollouts; the report found no benefit
     advantage=dict(name="grpo", std_normalize=False, scale=1.0),
@@ -90,7 +90,11 @@ def _gather(per_traj: jax.Array, traj_index: jax.Array) -> jax.Array:
 
 
 def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
-    """Build `loss_fn(logp, batch, logp_ref=None, old_logp=None) -> (scalar, metrics)` from an `rl` config."""
+    """Build `loss_fn(logp, batch, logp_ref=None, old_logp=None, current_version=None) -> (scalar, metrics)`.
+
+    `cfg` is the `rl` config section (ConfigDict or dict; missing keys take DEFAULT_RL_CONFIG).
+    Unknown names raise here, before any tracing; shape and missing-key errors raise at trace time.
+    """
     c = resolve_rl_config(cfg)
     adv_cfg = dict(c["advantage"])
     adv_fn = ADVANTAGES.get(adv_cfg.pop("name"))
