@@ -128,22 +128,34 @@ def test_unknown_or_bad_sources(cfg):
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git not installed")
-def test_synthesised_examples_are_correct(cfg, tmp_path):
+@pytest.mark.parametrize("max_file_chars,context", [(6000, 12), (250, 2)])  # whole files; excerpts
+def test_synthesised_examples_are_correct(cfg, tmp_path, monkeypatch, max_file_chars, context):
+    import ast
+
+    from c2jax.data import synth
+    from c2jax.data.synth import _functions, stub_function
+
+    monkeypatch.setattr(synth, "EXCERPT_CONTEXT", context)
+    cfg.sources.sft_synth.max_file_chars = max_file_chars
     out, _, _ = collect(cfg, progress=False)
     synth = [d for d in out["train"] + out["heldout"] if d.source == "sft_synth"]
     kinds = {d.path.rsplit("#", 1)[1] for d in synth}
     assert kinds == {"implement", "edit_diff"}
     site = cfg.sources.package_code.site_dirs[0]
-    checked = 0
+    checked = excerpts = 0
     for d in synth:
         msgs = json.loads(d.text)["messages"]
         assert [m["role"] for m in msgs] == ["system", "user", "assistant"]
-        file_path = d.path.split("::")[0]
-        if not d.path.endswith("#edit_diff") or not d.package in ("alpha", "beta"):
+        file_path, qual = d.path.split("#")[0].split("::")
+        if not d.path.endswith("#edit_diff") or d.package not in ("alpha", "beta"):
             continue
         original = open(os.path.join(site, file_path)).read()
-        before = msgs[1]["content"].split("```python\n", 1)[1].rsplit("```", 1)[0]
-        assert "raise NotImplementedError" in before and before != original
+        fn = dict(_functions(ast.parse(original)))[qual]
+        before = "".join(stub_function(original.splitlines(keepends=True), fn))
+        shown = msgs[1]["content"].split("```python\n", 1)[1].rsplit("```", 1)[0]
+        assert "raise NotImplementedError" in shown and shown in before
+        assert (shown == before) == (len(before) <= max_file_chars)
+        excerpts += shown != before
         work = tmp_path / f"apply{checked}"
         (work / os.path.dirname(file_path)).mkdir(parents=True)
         (work / file_path).write_text(before)
@@ -151,7 +163,7 @@ def test_synthesised_examples_are_correct(cfg, tmp_path):
         subprocess.run(["git", "apply", "answer.diff"], cwd=work, check=True, capture_output=True)
         assert (work / file_path).read_text() == original
         checked += 1
-    assert checked >= 3
+    assert checked >= 3 and (excerpts > 0) == (max_file_chars < 1000)
     impl = next(d for d in synth if d.path.endswith("add#implement") and d.package == "alpha")
     ans = json.loads(impl.text)["messages"][2]["content"]
     assert "result = a + b" in ans and "def add(a, b):" in ans

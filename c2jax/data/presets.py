@@ -40,7 +40,10 @@ def quickstart(held_out: Sequence[str] = DEFAULT_HELD_OUT, vocab_size: int = 409
             "package_docs": {"weight": 0.2, "packages": ["*"], "exclude": list(DEFAULT_EXCLUDE),
                              "include_stdlib": True, "max_bytes": int(0.5 * mb), "held_out_max_bytes": int(0.1 * mb)},
             "transcripts": {"weight": 0.0, "paths": [], "licence": ""},
-            "sft_synth": {"weight": 0.0, "kinds": ["implement", "edit_diff"], "max_examples": 400,
+            # Short examples so most fit the quickstart's 512-token SFT rows (whole-packed: a longer
+            # conversation is skipped, never truncated).
+            "sft_synth": {"weight": 0.0, "kinds": ["implement", "edit_diff"], "max_examples": 600,
+                          "max_function_chars": 1200, "max_file_chars": 1400,
                           "from_sources": ["stdlib_code", "package_code"], "max_bytes": int(0.8 * mb),
                           "held_out_max_bytes": int(0.1 * mb)},
         },
@@ -64,6 +67,8 @@ def full(held_out: Sequence[str] = DEFAULT_HELD_OUT, vocab_size: int = 32768, di
     cfg.sources.package_code.exclude = ["c2jax"]
     cfg.sources.package_docs.exclude = ["c2jax"]
     cfg.sources.sft_synth.max_examples = 50_000
+    cfg.sources.sft_synth.max_function_chars = 4000
+    cfg.sources.sft_synth.max_file_chars = 12000
     cfg.max_file_bytes = 400_000
     cfg.tokenizer.train_bytes = 200_000_000
     return cfg

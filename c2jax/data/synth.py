@@ -4,10 +4,11 @@ Two kinds, both checkable by construction:
 
 - ``implement``: the user gives a function's signature and docstring (body elided) and asks for
   the implementation; the assistant answers with the original function source.
-- ``edit_diff``: the user shows a whole file in which one documented function's body has been
-  replaced by ``raise NotImplementedError`` and asks for that function to be implemented; the
-  assistant answers with the unified diff (``--- a/PATH`` / ``+++ b/PATH``) that restores the
-  original file. Applying the answer with ``git apply``/``patch`` gives back the real file.
+- ``edit_diff``: the user shows a file in which one documented function's body has been replaced
+  by ``raise NotImplementedError`` (the whole file, or for a long file the numbered lines around
+  the stub) and asks for that function to be implemented; the assistant answers with the unified
+  diff (``--- a/PATH`` / ``+++ b/PATH``) against the whole file that restores the original.
+  Applying the answer with ``git apply``/``patch`` gives back the real file.
 
 Each example is a Document of kind ``chat`` (JSON ``{"messages": [...], "tools": []}``) that keeps
 the package, path and licence of the file it came from, so the held-out split applies to it too.
@@ -81,8 +82,13 @@ def implement_example(doc: Document, lines: list[str], qual: str, fn, max_chars:
                     origin_sha256=doc.sha256)
 
 
+EXCERPT_CONTEXT = 12  # lines shown around the stub when the whole file is too long
+
+
 def edit_diff_example(doc: Document, lines: list[str], qual: str, fn, max_file_chars: int) -> Document | None:
-    if len(doc.text) > max_file_chars or not doc.text.endswith("\n"):
+    """File-level edit request: the stubbed file (or, for a long file, the lines around the stub,
+    numbered as in the file) and the unified diff against the WHOLE file as the answer."""
+    if not doc.text.endswith("\n"):
         return None
     before = stub_function(lines, fn)
     if not before:
@@ -90,8 +96,19 @@ def edit_diff_example(doc: Document, lines: list[str], qual: str, fn, max_file_c
     diff = "".join(difflib.unified_diff(before, lines, fromfile=f"a/{doc.path}", tofile=f"b/{doc.path}", n=3))
     if not diff:
         return None
+    whole = "".join(before)
+    if len(whole) <= max_file_chars:
+        shown, where = whole, f"`{doc.path}`"
+    else:
+        first = (fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno) - 1
+        stub_end = fn.body[1].lineno  # the stub line, 0-based index stub_end - 1, in `before`
+        a, b = max(0, first - EXCERPT_CONTEXT), min(len(before), stub_end + EXCERPT_CONTEXT)
+        shown = "".join(before[a:b])
+        if len(shown) > max_file_chars:
+            return None
+        where = f"lines {a + 1}-{b} of `{doc.path}`"
     summary = (ast.get_docstring(fn) or "").strip().splitlines()[0]
-    user = (f"Here is `{doc.path}` from {doc.package}:\n\n```python\n{''.join(before)}```\n\n"
+    user = (f"Here are {where} from {doc.package}:\n\n```python\n{shown}```\n\n"
             f"`{qual}` is a stub. Implement it ({summary}). Answer with a unified diff against the file.")
     return Document(_chat(user, diff), "sft_synth", doc.package, f"{doc.path}::{qual}#edit_diff", doc.licence,
                     kind="chat", vendored_in=doc.vendored_in, origin_sha256=doc.sha256)
@@ -117,8 +134,6 @@ def synthesize(docs: Iterable[Document], kinds: Iterable[str] = KINDS, max_examp
             continue
         quals = [q for q, _ in _functions(tree)]
         for k in kinds:
-            if k == "edit_diff" and len(doc.text) > max_file_chars:
-                continue
             for qual in quals:
                 cands[k].append((_key(doc, qual, k), i, qual))
     cache: dict[int, tuple[list[str], dict]] = {}
