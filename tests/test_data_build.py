@@ -92,6 +92,38 @@ def test_build_resumes_after_crash(tmp_path, monkeypatch):
         assert m1["digests"] == m0["digests"] and m1["n_tokens"] == m0["n_tokens"]
 
 
+def test_build_survives_kill_9_between_write_and_commit(tmp_path):
+    """A real SIGKILL after a batch's arrays are written but before progress.json commits them."""
+    import subprocess
+    import sys
+
+    cfg = fake_data_config(str(tmp_path))
+    clean = B.build(cfg, root=str(tmp_path / "clean"), progress=False)
+    script = (
+        "import os, signal, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from _data_fixtures import fake_data_config\n"
+        "from c2jax.data import build as B, shards\n"
+        "B.BATCH_DOCS = 4\n"
+        "real = shards.ShardWriter._commit\n"
+        "n = [0]\n"
+        "def commit(self):\n"
+        "    n[0] += 1\n"
+        "    if n[0] == 4:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    real(self)\n"
+        "shards.ShardWriter._commit = commit\n"
+        f"B.build(fake_data_config({str(tmp_path)!r}), root={str(tmp_path / 'killed')!r}, progress=False)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert p.returncode == -9, p.stderr
+    b = B.build(cfg, root=str(tmp_path / "killed"), progress=False)
+    for split in ("train", "heldout"):
+        m1 = json.load(open(os.path.join(b.shards_dir, split, "meta.json")))
+        m0 = json.load(open(os.path.join(clean.shards_dir, split, "meta.json")))
+        assert m1["digests"] == m0["digests"]
+
+
 def test_build_replaces_a_corrupt_store(tmp_path):
     cfg = fake_data_config(str(tmp_path))
     b = B.build(cfg, progress=False)

@@ -122,10 +122,14 @@ class ShardWriter:
                     prog = json.load(f)
             except (OSError, ValueError):
                 prog = None
+        self.arrays = {}
         if prog is not None and prog.get("key") == key and prog.get("n_docs") == n_docs:
-            self.docs_done, self.tokens_done = int(prog["docs_done"]), int(prog["tokens_done"])
-            self.arrays = {k: _open(os.path.join(split_dir, k)) for k in ARRAYS}
-        else:
+            try:
+                self.arrays = {k: _open(os.path.join(split_dir, k)) for k in ARRAYS}
+                self.docs_done, self.tokens_done = int(prog["docs_done"]), int(prog["tokens_done"])
+            except Exception:  # killed while creating the arrays: start this split over
+                self.arrays = {}
+        if not self.arrays:
             self.docs_done, self.tokens_done = 0, 0
             mt = max(1, int(max_tokens))
             c = int(chunk_tokens)
