@@ -20,10 +20,11 @@ Masking (every case reported in the metrics, never a NaN):
 * a group with fewer than 2 valid samples has no baseline: advantages 0, counted in
   ``adv/small_groups``. (A *configured* group size of 1 is rejected by the `rl` config validator.)
 Groups are identified by `group_index` in [0, N) (-1 = none), so N bounds the number of groups and
-everything is static-shaped for jit; the [N, N] one-hot membership costs O(N^2), trivial next to
-the model.
+everything is static-shaped for jit (segment sums, O(N)).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,39 +34,48 @@ from c2jax.registry import Registry
 ADVANTAGES: Registry = Registry("rl_advantage")
 
 
-def _group_sums(rewards: jax.Array, group_index: jax.Array, valid: jax.Array):
-    """Masked per-group count and sum, gathered back to samples. All outputs [N] except `member`."""
+class _Groups(NamedTuple):
+    ok: jax.Array       # [N] bool: sample counts (valid, finite reward, has a group)
+    r: jax.Array        # [N] reward, 0 where not ok
+    gi: jax.Array       # [N] group index clipped into [0, N)
+    count_g: jax.Array  # [N] ok samples per group (the N axis bounds the number of groups)
+    sum_g: jax.Array    # [N] reward sum per group
+    count_i: jax.Array  # [N] count_g of each sample's group
+    sum_i: jax.Array    # [N] sum_g of each sample's group
+
+
+def _groups(rewards: jax.Array, group_index: jax.Array, valid: jax.Array) -> _Groups:
+    """Masked per-group counts and sums with segment sums: O(N), static shapes."""
     n = rewards.shape[0]
     ok = (valid > 0) & jnp.isfinite(rewards) & (group_index >= 0)  # [N]
     r = jnp.where(ok, rewards, 0.0)  # [N]
-    member = jax.nn.one_hot(group_index, n, dtype=r.dtype) * ok[:, None]  # [N, Gmax]
-    count_g = member.sum(0)  # [Gmax]
-    sum_g = member.T @ r  # [Gmax]
-    gi = jnp.clip(group_index, 0, n - 1)
-    return ok, r, member, count_g, sum_g, count_g[gi], sum_g[gi]
+    gi = jnp.clip(group_index, 0, n - 1)  # [N]; rows with group_index < 0 are not ok, so add zeros
+    count_g = jax.ops.segment_sum(ok.astype(r.dtype), gi, n)  # [N]
+    sum_g = jax.ops.segment_sum(r, gi, n)  # [N]
+    return _Groups(ok, r, gi, count_g, sum_g, count_g[gi], sum_g[gi])
 
 
-def _finish(adv, r, ok, member, count_g, count_i, *, std_normalize, std_eps, scale, rewards, valid):
-    n_g = jnp.maximum(count_g, 1.0)
-    mean_g = (member.T @ r) / n_g  # [Gmax]
-    dev = (r[:, None] - mean_g[None, :]) * member  # [N, Gmax]
-    var_g = (dev ** 2).sum(0) / jnp.maximum(count_g - 1.0, 1.0)  # sample (n-1) variance
+def _finish(adv, g: _Groups, *, std_normalize, std_eps, scale, rewards, valid):
+    n = rewards.shape[0]
+    mean_g = g.sum_g / jnp.maximum(g.count_g, 1.0)  # [N]
+    dev2 = jnp.where(g.ok, (g.r - mean_g[g.gi]) ** 2, 0.0)  # [N]
+    var_g = jax.ops.segment_sum(dev2, g.gi, n) / jnp.maximum(g.count_g - 1.0, 1.0)  # sample (n-1) variance
     pos = var_g > 0
     std_g = jnp.where(pos, jnp.sqrt(jnp.where(pos, var_g, 1.0)), 0.0)  # sqrt'(0) = inf would poison grads
-    usable = ok & (count_i >= 2)
-    gi = jnp.argmax(member, axis=1)
+    usable = g.ok & (g.count_i >= 2)
     if std_normalize:
-        adv = adv / (std_g[gi] + std_eps)
+        adv = adv / (std_g[g.gi] + std_eps)
     adv = jnp.where(usable, adv * scale, 0.0)
-    present = count_g > 0
+    present = g.count_g > 0
+    full = g.count_g >= 2
     metrics = {
         "adv/mean": jnp.sum(adv) / jnp.maximum(usable.sum(), 1),
         "adv/abs_mean": jnp.sum(jnp.abs(adv)) / jnp.maximum(usable.sum(), 1),
         "adv/abs_max": jnp.max(jnp.abs(adv)),
         "adv/nonfinite_rewards": jnp.sum((valid > 0) & ~jnp.isfinite(rewards)).astype(jnp.float32),
-        "adv/small_groups": jnp.sum(present & (count_g < 2)).astype(jnp.float32),
-        "adv/zero_std_groups": jnp.sum((count_g >= 2) & (var_g <= 1e-12)).astype(jnp.float32),
-        "adv/group_std_mean": jnp.sum(jnp.where(count_g >= 2, std_g, 0.0)) / jnp.maximum(jnp.sum(count_g >= 2), 1),
+        "adv/small_groups": jnp.sum(present & ~full).astype(jnp.float32),
+        "adv/zero_std_groups": jnp.sum(full & (var_g <= 1e-12)).astype(jnp.float32),
+        "adv/group_std_mean": jnp.sum(jnp.where(full, std_g, 0.0)) / jnp.maximum(jnp.sum(full), 1),
         "adv/used_samples": usable.sum().astype(jnp.float32),
     }
     return adv, metrics
@@ -75,20 +85,18 @@ def _finish(adv, r, ok, member, count_g, count_i, *, std_normalize, std_eps, sca
 def grpo_advantages(rewards: jax.Array, group_index: jax.Array, valid: jax.Array, *,
                     std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0):
     """A_i = scale * (R_i - mean of i's group) [/ std]. rewards, group_index, valid: [N] -> ([N], metrics)."""
-    ok, r, member, count_g, sum_g, count_i, sum_i = _group_sums(rewards, group_index, valid)
-    adv = r - sum_i / jnp.maximum(count_i, 1.0)
-    return _finish(adv, r, ok, member, count_g, count_i, std_normalize=std_normalize, std_eps=std_eps,
-                   scale=scale, rewards=rewards, valid=valid)
+    g = _groups(rewards, group_index, valid)
+    adv = g.r - g.sum_i / jnp.maximum(g.count_i, 1.0)
+    return _finish(adv, g, std_normalize=std_normalize, std_eps=std_eps, scale=scale, rewards=rewards, valid=valid)
 
 
 @ADVANTAGES.register("rloo")
 def rloo_advantages(rewards: jax.Array, group_index: jax.Array, valid: jax.Array, *,
                     std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0):
     """A_i = scale * (R_i - mean of the *other* members of i's group) [/ std]. [N] -> ([N], metrics)."""
-    ok, r, member, count_g, sum_g, count_i, sum_i = _group_sums(rewards, group_index, valid)
-    adv = r - (sum_i - r) / jnp.maximum(count_i - 1.0, 1.0)
-    return _finish(adv, r, ok, member, count_g, count_i, std_normalize=std_normalize, std_eps=std_eps,
-                   scale=scale, rewards=rewards, valid=valid)
+    g = _groups(rewards, group_index, valid)
+    adv = g.r - (g.sum_i - g.r) / jnp.maximum(g.count_i - 1.0, 1.0)
+    return _finish(adv, g, std_normalize=std_normalize, std_eps=std_eps, scale=scale, rewards=rewards, valid=valid)
 
 
 def compute_advantages(name: str, rewards, group_index, valid, **kwargs):
