@@ -4,7 +4,9 @@
   * 'xla'       — the plain-jnp reference (`*/reference.py`), any backend;
   * 'interpret' — the Pallas kernels in interpret mode (CPU; slow, for tests);
   * 'pallas'    — the Pallas kernels compiled for the default backend (GPU);
-  * 'auto'      — 'pallas' on GPU, 'xla' elsewhere (the reference gives the same bits on CPU).
+  * 'auto'      — 'xla' on every backend for now: the compiled Pallas paths have not yet run on
+                  a GPU/TPU in this repository (kernels_pallas/README.md says what ran where), so
+                  'pallas' must be asked for explicitly. On CPU the reference gives the same bits.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas.formats import FORMATS, get_format
+from kernels_pallas.gmm import ops as gmm_ops
 from kernels_pallas.quant import pallas_quant
 from kernels_pallas.quant import reference as qref
 from kernels_pallas.quant.qarray import QArray
@@ -28,9 +31,7 @@ _ref_quantize = jax.jit(qref.quantize, static_argnames=("fmt", "axis", "scale_mo
 def resolve_impl(impl: str) -> str:
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
-    return impl
+    return "xla" if impl == "auto" else impl
 
 
 def quantize(x: jax.Array, fmt: str, axis: int = -1, impl: str = "auto", *,
@@ -103,4 +104,26 @@ def dequantize(q: QArray, dtype=jnp.float32) -> jax.Array:
     return qref.dequantize(q, dtype)
 
 
-__all__ = ["quantize", "dequantize", "QArray", "FORMATS", "IMPLS", "resolve_impl"]
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, precision: str = "f32",
+                   impl: str = "auto") -> jax.Array:
+    """Ragged grouped matmul lhs (M, K) [rows sorted by group] x rhs (G, K, N) -> (M, N) in
+    lhs.dtype; rows past sum(group_sizes) give zeros (as `jax.lax.ragged_dot`).
+
+    Differentiable in lhs and rhs through `jax.custom_vjp` with the per-precision recipe of
+    `kernels_pallas.gmm.ops` (precision in 'f32' | 'bf16' | 'fp8_blockwise' | 'mxfp8' |
+    'nvfp4_fwd_mxfp8_bwd'). impl 'xla': the quantisers then ragged_dot on dequantised operands
+    (the oracle; the CPU path); 'interpret' / 'pallas': the Pallas grouped-matmul kernels.
+    """
+    return gmm_ops.grouped_matmul(lhs, rhs, group_sizes, precision=precision, impl=resolve_impl(impl))
+
+
+def moe_expert_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, precision: str = "f32",
+                      impl: str = "auto") -> jax.Array:
+    """The MoE layer's expert matmul (alias of `grouped_matmul`, positional precision)."""
+    return grouped_matmul(x, w, group_sizes, precision=precision, impl=impl)
+
+
+PRECISIONS = gmm_ops.PRECISIONS
+
+__all__ = ["quantize", "dequantize", "grouped_matmul", "moe_expert_matmul", "QArray", "FORMATS",
+           "IMPLS", "PRECISIONS", "resolve_impl"]
