@@ -11,7 +11,8 @@ Per completion token a segment stores the loss mask (1 = sampled by the policy),
 (sampler) logprob of the token under the distribution it was actually sampled from, optionally the
 raw (untempered) model logprob, and the policy version that produced it (in-flight weight updates
 make versions change mid-rollout). Optionally `routes` holds the routed experts the sampler chose
-for every token of the segment's context (int32 [P + C, n_moe_layers, top_k]) for router replay.
+for every input token of the segment (int32 [P + C - 1 (or P + C), n_moe_layers, top_k]) for
+router replay.
 
 The trajectory also carries the tool events, effort counts (the inputs of the length penalty),
 reward terms from the grader and the behaviour monitors, task and group ids, and `infra_failed`:
@@ -143,7 +144,8 @@ class Segment:
       behaviour_logprobs  float32 [C]  sampler logprob of the token (finite, <= 0 where masked in)
       policy_versions     int32 [C]  weight version that sampled the token (>= 0 where masked in)
       raw_logprobs        float32 [C] or None  untempered model logprob, if the sampler reports it
-      routes              int32 [P + C, nL, K] or None  experts chosen per context token
+      routes              int32 [P + C - 1 or P + C, nL, K] or None  experts chosen per context token
+                          (the final sampled token is never fed back, so P + C - 1 rows suffice)
     """
 
     prompt_ids: Any
@@ -193,8 +195,9 @@ class Segment:
             raise TrajectoryError(p + "policy_versions", f"policy token {i} has version {int(self.policy_versions[i])}; must be >= 0")
         if self.routes is not None:
             t = len(self.prompt_ids) + c
-            if self.routes.shape[0] != t:
-                raise TrajectoryError(p + "routes", f"first dimension {self.routes.shape[0]} != len(prompt_ids) + len(completion_ids) = {t}")
+            if self.routes.shape[0] not in (t - 1, t):
+                raise TrajectoryError(p + "routes", f"first dimension {self.routes.shape[0]} must be len(prompt_ids) + "
+                                      f"len(completion_ids) = {t} or one less (the last token is never an input)")
             if self.routes.size and self.routes.min() < 0:
                 raise TrajectoryError(p + "routes", "expert ids must be >= 0")
 

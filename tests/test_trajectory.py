@@ -40,7 +40,8 @@ def test_valid_trajectory_summaries():
     (dict(completion_ids=[[1, 2]]), "segment.completion_ids"),
     (dict(completion_ids=[1.5, 2, 3, 4]), "segment.completion_ids"),
     (dict(loss_mask=[0, 2, 1, 1]), "segment.loss_mask"),
-    (dict(routes=np.zeros((6, 2, 2), np.int32)), "segment.routes"),
+    (dict(routes=np.zeros((5, 2, 2), np.int32)), "segment.routes"),
+    (dict(routes=np.zeros((8, 2, 2), np.int32)), "segment.routes"),
     (dict(prompt_ids=None), "segment.prompt_ids"),
 ])
 def test_segment_errors_name_the_field(kwargs, field):
@@ -175,6 +176,8 @@ def test_pad_batch_routes_and_errors():
     b = pad_batch([t], max_len=8)
     assert b["routes"].shape == (1, 8, 2, 2)
     np.testing.assert_array_equal(b["routes"][0, :6], r[:6])
+    t_short = make_traj(segments=[make_segment(routes=r[:6])])  # without the never-fed final token
+    np.testing.assert_array_equal(pad_batch([t_short], max_len=8)["routes"], b["routes"])
     with pytest.raises(ValueError, match=r"segments\[0\] needs 6 positions > max_len=5"):
         pad_batch([t], max_len=5)
     with pytest.raises(TrajectoryError, match="routes"):
