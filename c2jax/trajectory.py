@@ -557,7 +557,7 @@ def pad_batch(
             if raw is not None:
                 raw[row, csl] = np.where(m, s.raw_logprobs, 0.0)
             if routes is not None:
-                routes[row, sl] = s.routes[:-1]
+                routes[row, sl] = s.routes[:L]  # inputs only (drops the final token's row if present)
             off += L
 
     # Per-trajectory arrays.
