@@ -80,7 +80,10 @@ class Checkpointer:
         """Wait for in-flight saves, then write manifests for them and prune stale manifests."""
         if self._pending:
             self._mngr.wait_until_finished()
-        for step in self._pending:
+        # Multi-host: every process shares the directory; only process 0 writes manifests and
+        # moves files (two writers would race on the same temporary manifest file).
+        primary = jax.process_index() == 0
+        for step in (self._pending if primary else ()):
             d = self._step_dir(step)
             if os.path.isdir(d):
                 tmp = os.path.join(self.manifest_dir, f"{step}.json.tmp")
@@ -89,7 +92,7 @@ class Checkpointer:
                 os.replace(tmp, os.path.join(self.manifest_dir, f"{step}.json"))
         self._pending = []
         live = {str(s) for s in self._mngr.all_steps()}
-        for name in os.listdir(self.manifest_dir):
+        for name in (os.listdir(self.manifest_dir) if primary else ()):
             if name.endswith(".json") and name[:-5] not in live:
                 os.remove(os.path.join(self.manifest_dir, name))
 
@@ -144,6 +147,9 @@ class Checkpointer:
         warnings.warn(f"checkpoint {self._step_dir(step)} is unusable ({why}); moved to {dest}, "
                       f"falling back to the previous checkpoint", CheckpointCorruptWarning, stacklevel=3)
         src = self._step_dir(step)
+        if jax.process_index() != 0:  # multi-host: process 0 moves the files
+            self._mngr.reload()
+            return
         if os.path.exists(src):
             shutil.move(src, dest)
         m = os.path.join(self.manifest_dir, f"{step}.json")
