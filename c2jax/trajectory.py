@@ -112,6 +112,11 @@ class ToolEvent:
                 raise TrajectoryError(f"{prefix}.{name}", f"must be an integer >= 0, got {v!r}")
 
 
+def _finite_off_mask(logp: np.ndarray, mask: np.ndarray) -> list[float]:
+    """Logprobs as a JSON list; slots off the loss mask (ignored everywhere) become 0 if not finite."""
+    return np.where(mask | np.isfinite(logp), logp, 0.0).tolist()
+
+
 def _as_array(value: Any, dtype: Any, name: str, ndim: int) -> np.ndarray:
     if value is None:
         raise TrajectoryError(name, "missing")
@@ -297,9 +302,9 @@ class Trajectory:
                 "prompt_ids": s.prompt_ids.tolist(),
                 "completion_ids": s.completion_ids.tolist(),
                 "loss_mask": s.loss_mask.astype(np.int8).tolist(),
-                "behaviour_logprobs": s.behaviour_logprobs.tolist(),
+                "behaviour_logprobs": _finite_off_mask(s.behaviour_logprobs, s.loss_mask),
                 "policy_versions": s.policy_versions.tolist(),
-                "raw_logprobs": None if s.raw_logprobs is None else s.raw_logprobs.tolist(),
+                "raw_logprobs": None if s.raw_logprobs is None else _finite_off_mask(s.raw_logprobs, s.loss_mask),
                 "routes": None if s.routes is None else encode_array(s.routes),
             }
             segs.append(d)

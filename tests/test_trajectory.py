@@ -55,9 +55,11 @@ def test_segment_errors_name_the_field(kwargs, field):
 
 
 def test_masked_out_tokens_may_have_any_logprob():
-    # Tool-output tokens (mask 0) were not sampled: their logprob slot is ignored.
-    Segment(prompt_ids=[1], completion_ids=[2, 3], loss_mask=[1, 0], behaviour_logprobs=[-0.5, float("nan")],
-            policy_versions=[0, -1])
+    # Tool-output tokens (mask 0) were not sampled: their logprob slot is ignored (and JSON gets 0 there).
+    seg = Segment(prompt_ids=[1], completion_ids=[2, 3], loss_mask=[1, 0], behaviour_logprobs=[-0.5, float("nan")],
+                  policy_versions=[0, -1])
+    t = Trajectory.from_json(make_traj(segments=[seg]).to_json())
+    np.testing.assert_array_equal(t.segments[0].behaviour_logprobs, [-0.5, 0.0])
 
 
 @pytest.mark.parametrize("kwargs, field", [
