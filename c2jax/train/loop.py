@@ -56,8 +56,17 @@ def train_loop(*, name: str, out_dir: str, state: TrainState, step_fn: Callable,
                evaluate: Callable[[Any], Mapping[str, float]], total_steps: int, tokens_per_step: int,
                log_every: int = 10, eval_every: int = 100, ckpt_every: int = 100, keep: int = 3,
                meta: Optional[dict] = None, to_device: Callable[[dict], dict] = lambda b: b,
-               progress: Optional[bool] = None, async_save: bool = True) -> tuple[TrainState, dict]:
-    """Run (or resume) one training stage; see the module docstring."""
+               progress: Optional[bool] = None, async_save: bool = True,
+               place: Optional[Callable[[TrainState], TrainState]] = None) -> tuple[TrainState, dict]:
+    """Run (or resume) one training stage; see the module docstring.
+
+    ``place(state)`` puts the (initial or restored) state on devices; the default commits every leaf
+    to the first local device. Mixing committed and uncommitted leaves makes jit compile the step a
+    second time after step 1; under a mesh pass a function applying the state's shardings.
+    """
+    if place is None:
+        def place(s):
+            return jax.device_put(s, jax.local_devices()[0])
     os.makedirs(out_dir, exist_ok=True)
     ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=keep, async_save=async_save)
     logger = MetricsLogger(out_dir)
@@ -66,7 +75,7 @@ def train_loop(*, name: str, out_dir: str, state: TrainState, step_fn: Callable,
     t_wall0 = time.time()
     if restored is not None:
         step0, tree, loader_state, saved_meta = restored
-        state = state.replace_tree(tree)
+        state = place(state.replace_tree(tree))
         loader.restore(_from_json(loader_state))
         held_initial = saved_meta.get("held_out_loss_initial")
         tokens_seen = int(saved_meta.get("tokens_seen", 0))
@@ -75,6 +84,7 @@ def train_loop(*, name: str, out_dir: str, state: TrainState, step_fn: Callable,
         log.warning("%s: resumed from checkpoint step %d", name, step0)
     else:
         step0, tokens_seen, train_time, resumed_from = 0, 0, 0.0, None
+        state = place(state)
         ev = dict(evaluate(state.params))
         held_initial = float(ev["held_out_loss"])
         logger.log("eval", 0, {**ev, "tokens_seen": 0})

@@ -326,6 +326,10 @@ def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tupl
     from c2jax.train.state import TrainState
     from c2jax.train.step import make_eval_step, make_train_step
 
+    if not os.environ.get("C2JAX_VERBOSE"):  # Orbax logs every save at INFO through absl
+        import absl.logging
+
+        absl.logging.set_verbosity(absl.logging.WARNING)
     ctx = prev.get("pretrain_ctx")
     if ctx is None:  # first pretraining stage of this run: check every stage up front
         ctx = preflight(config, workdir)
