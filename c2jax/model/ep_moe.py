@@ -9,8 +9,9 @@ each); tokens are sharded over every token axis (data, fsdp, expert, context). R
    `all_to_all` (``ragged_all_to_all`` is not implemented on XLA:CPU): the send buffer is
    [EP, cap, D] with ``cap = n_local * min(top_k, E/EP)``, the most assignments one rank can
    send to another (a token's k experts are distinct), so no token is ever dropped however
-   uneven the load. On GPU (``ragged='auto'``) `jax.lax.ragged_all_to_all` sends only the rows
-   that exist (buffers keep the same worst-case size).
+   uneven the load. On GPU (``ragged='auto'``, unquantised dispatch) `jax.lax.ragged_all_to_all`
+   sends only the rows that exist (`ep_ragged`; its offsets protocol is tested on CPU through an
+   emulation of the primitive, the primitive itself only runs on GPU).
 2. local experts: received rows sorted by local expert, `moe_impls.expert_matmul` (ragged_dot, or
    the kernels for low-precision recipes / impl 'pallas'); padding rows fall outside every group.
 3. combine: results return by the inverse exchange, in the compute dtype (high precision), and the
@@ -115,7 +116,7 @@ def local_experts(p: dict, x: jax.Array, lexp: jax.Array, n_local: int, m: MoECo
 
 
 def ep_moe_local(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConfig, *, axis: str = EP_AXIS,
-                 quant: Optional[str] = None, ragged: bool = False, stats: bool = False):
+                 quant: Optional[str] = None, ragged: object = False, stats: bool = False):
     """Body inside `shard_map`: local tokens x [n, D], idx/w [n, k]; p = local experts [E/EP, ...].
     Returns (y [n, D], dropped [] = 0) (+ rows received per rank [1] when `stats`)."""
     ep = jax.lax.axis_size(axis)
@@ -126,10 +127,11 @@ def ep_moe_local(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConf
     dest, lexp, pos, cap = dispatch_layout(idx, e, ep)
     tok = jnp.arange(n * k) // k
     if ragged:
-        from c2jax.model.ep_ragged import ragged_dispatch_combine
+        from c2jax.model import ep_ragged
 
-        back, received = ragged_dispatch_combine(
-            x[tok], dest, lexp, ep, el, axis, lambda rows, ids: local_experts(p, rows, ids, el, m))
+        a2a = ep_ragged.emulated_ragged_all_to_all if ragged == "emulated" else jax.lax.ragged_all_to_all
+        back, received = ep_ragged.ragged_dispatch_combine(
+            x[tok], dest, lexp, ep, el, axis, lambda rows, ids: local_experts(p, rows, ids, el, m), a2a)
     else:
         send_x = jnp.zeros((ep, cap, d), x.dtype).at[dest, pos].set(x[tok])
         send_e = jnp.full((ep, cap), el, jnp.int32).at[dest, pos].set(lexp.astype(jnp.int32))
@@ -143,8 +145,11 @@ def ep_moe_local(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConf
     return res + (received[None],) if stats else res
 
 
-def use_ragged(ragged: str) -> bool:
-    """'auto': ragged_all_to_all on GPU only (XLA:CPU does not implement it); 'never'; 'always'."""
+def use_ragged(ragged: str):
+    """'auto': ragged_all_to_all on GPU only (XLA:CPU does not implement it); 'never'; 'always';
+    'emulated' (the ragged protocol over a fixed-size all_to_all: tests the offsets on CPU)."""
+    if ragged == "emulated":
+        return "emulated"
     if ragged == "always":
         return True
     return ragged == "auto" and jax.default_backend() == "gpu"
@@ -162,7 +167,9 @@ def ep_moe(mesh: Mesh, p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: M
     tok = P(TOKEN_AXES, None)
     pspec = jax.tree_util.tree_map(lambda _: P(EP_AXIS), p)
     out_specs = (tok, P()) + ((P(tuple(mesh.axis_names)),) if stats else ())
-    fn = functools.partial(ep_moe_local, m=m, axis=EP_AXIS, quant=quant, ragged=use_ragged(ragged), stats=stats)
+    # quantised dispatch uses the fixed-size path (the ragged one sends compute-dtype rows)
+    rg = use_ragged(ragged) if quant is None else False
+    fn = functools.partial(ep_moe_local, m=m, axis=EP_AXIS, quant=quant, ragged=rg, stats=stats)
     return jax.shard_map(fn, mesh=mesh, in_specs=(pspec, tok, tok, tok), out_specs=out_specs,
                          )(p, x, idx, w)
 
