@@ -136,7 +136,7 @@ def validate_mesh(check: Checker, m: Any, full: Any) -> None:
     if dataclasses.is_dataclass(m):
         m = dataclasses.asdict(m)
     if not isinstance(m, Mapping):
-        check.error("", f"must be a mapping of mesh axes, got {type(m).__name__}")
+        check.error("preset", f"config.mesh must be a mapping of mesh axes, got {type(m).__name__}")
         return
     known = {f.name for f in dataclasses.fields(MeshConfig)} | {"preset"}
     for k in m:
@@ -152,8 +152,9 @@ def validate_mesh(check: Checker, m: Any, full: Any) -> None:
             check.error(a, f"must be an integer >= 1 (or -1 = remaining devices), got {v!r}")
         else:
             sizes[a] = v
-    if sum(v == -1 for v in sizes.values()) > 1:
-        check.error("", f"at most one axis may be -1, got {[a for a, v in sizes.items() if v == -1]}")
+    minus = [a for a, v in sizes.items() if v == -1]
+    for a in minus[1:]:
+        check.error(a, f"at most one axis may be -1 (= remaining devices), got -1 for {minus}")
     dq = m.get("dispatch_quant")
     if dq is not None and dq not in DISPATCH_QUANT_FORMATS:
         check.error("dispatch_quant", f"must be None or one of {list(DISPATCH_QUANT_FORMATS)}, got {dq!r}")
