@@ -299,3 +299,50 @@ def test_aux_free_bias_update_and_balance_loss(tiny):
 
 def _toks(cfg):
     return jax.random.randint(jax.random.key(2), (2, 8), 0, cfg.vocab_size)
+
+
+def test_causal_block_skipping_matches_full_square():
+    """Self-attention with query blocks that skip keys past their end == the full masked square,
+    with packed segments too."""
+    from c2jax.model.mla import attend_expanded
+
+    cfg = preset("tiny")
+    a = cfg.attention
+    rng = np.random.default_rng(0)
+    b, s, h = 2, 64, cfg.num_heads
+    f32 = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+    p = {"kv_b_proj": {"kernel": f32(a.kv_lora_rank, h, a.qk_nope_head_dim + a.v_head_dim) * 0.2}}
+    q_nope, q_rope = f32(b, s, h, a.qk_nope_head_dim), f32(b, s, h, a.qk_rope_head_dim)
+    c_kv, k_rope = f32(b, s, a.kv_lora_rank), f32(b, s, a.qk_rope_head_dim)
+    seg = jnp.asarray(np.repeat([[1, 2, 3, 0]], 16, axis=1).reshape(1, s).repeat(b, 0))
+    mask = jnp.tril(jnp.ones((s, s), bool))[None] & (seg[:, :, None] == seg[:, None, :])
+    att = jax.jit(attend_expanded, static_argnums=(6, 7))
+    full = att(p, q_nope, q_rope, c_kv, k_rope, mask, cfg, 1)
+    for n in (2, 8):
+        blocked = att(p, q_nope, q_rope, c_kv, k_rope, mask, cfg, n)
+        np.testing.assert_allclose(np.asarray(blocked), np.asarray(full), atol=1e-5, err_msg=str(n))
+
+
+@pytest.mark.parametrize("impl,precision,tol", [
+    ("pallas", "f32", 1e-6), ("dropless", "bf16", 2e-2), ("capacity", "bf16", 2e-2),
+    pytest.param("dropless", "fp8_blockwise", 0.2, marks=pytest.mark.slow),
+    ("capacity", "mxfp8", 0.2)])
+def test_moe_precision_hook_uses_kernels(impl, precision, tol):
+    """`pallas` impl and low-precision `moe.precision` go through kernels_pallas.api.grouped_matmul."""
+    pytest.importorskip("kernels_pallas.api")
+    from c2jax.model.config import MoEConfig
+
+    rng = np.random.default_rng(0)
+    n, d, f, e, k = 64, 32, 16, 4, 2
+    p = {nm: jnp.asarray(rng.normal(size=sh) * 0.2, jnp.float32)
+         for nm, sh in (("gate_proj", (e, d, f)), ("up_proj", (e, d, f)), ("down_proj", (e, f, d)))}
+    x = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+    idx = jnp.asarray(np.stack([rng.choice(e, k, replace=False) for _ in range(n)]), jnp.int32)
+    w = jnp.asarray(rng.uniform(size=(n, k)), jnp.float32)
+    ref, _ = MOE_IMPLS.get("dropless")(p, x, idx, w, MoEConfig(n_routed_experts=e, top_k=k))
+    m = MoEConfig(n_routed_experts=e, top_k=k, impl=impl, precision=precision, capacity_factor=e / k)
+    y, _ = jax.jit(lambda p, x: MOE_IMPLS.get(impl)(p, x, idx, w, m))(p, x)
+    rel = float(jnp.abs(y - ref).max() / jnp.abs(ref).max())
+    assert rel <= tol
+    if precision != "f32":
+        assert rel > 0  # the low-precision arithmetic really ran
