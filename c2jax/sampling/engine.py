@@ -130,7 +130,7 @@ class Engine:
             impl = moe_dense.NAME if model_cfg.moe.n_routed_experts <= 64 else "dropless"
         self.model_cfg = model_cfg
         self.run_cfg = model_cfg.replace(**{"moe.impl": impl})  # numerics: dtype + moe.precision kept
-        self.params = params
+        self.params = self._prepare(params)
         self.version = int(version)
         self._steps = compiled(self.run_cfg)
         S, T = config.max_slots, config.max_len
@@ -463,8 +463,14 @@ class Engine:
         if seq.future is not None:
             seq.future.set_result(seq.result)
 
+    def _prepare(self, params: dict) -> dict:
+        """The engine's working copy of the weights (fused expert layout for 'sampler_dense')."""
+        if self.run_cfg.moe.impl == moe_dense.NAME:
+            return moe_dense.serving_params(params, self.run_cfg)
+        return params
+
     def _apply_update(self, params: dict, version: int) -> None:
-        self.params, self.version = params, int(version)
+        self.params, self.version = self._prepare(params), int(version)
         self.stats["weight_updates"] += 1
         if not self.config.recompute_cache_on_update:
             return
