@@ -8,7 +8,8 @@ import pytest
 
 from _data_fixtures import BETA_CORE, fake_data_config
 from c2jax.data import licences
-from c2jax.data.corpus import Corpus, CorpusError, build_corpus, collect, read_held_out_file
+from c2jax.data.corpus import Corpus, CorpusError, build_corpus, read_held_out_file
+from c2jax.data.corpus import collect_documents as collect
 from c2jax.data.sources import docstring_text, normalize_package, vendored_package
 
 

@@ -119,7 +119,7 @@ class Document:
 @dataclass
 class SourceSpec:
     """A registered source: `list_fn(cfg, ctx)` yields Candidates; `derived` sources instead get
-    the accepted documents of other sources through `ctx.accepted` and yield Documents."""
+    the accepted documents of other sources through `ctx.documents(name)` and yield Documents."""
 
     name: str
     list_fn: Callable[[Any, "SourceContext"], Iterable[Any]]
@@ -134,7 +134,7 @@ class SourceContext:
 
     max_file_bytes: int = 200_000
     vendored: str = "drop"
-    accepted: dict[str, list[Document]] = field(default_factory=dict)
+    documents: Callable[[str], Iterator[Document]] = lambda name: iter(())  # accepted docs of a source
     dropped: Counter = field(default_factory=Counter)
 
 
@@ -414,7 +414,11 @@ def sft_synth(cfg: Any, ctx: SourceContext) -> Iterator[Document]:
     from c2jax.data.synth import synthesize
 
     from_sources = list(_get(cfg, "from_sources", ["stdlib_code", "package_code"]))
-    docs = [d for s in from_sources for d in ctx.accepted.get(s, [])]
+
+    def docs() -> Iterator[Document]:
+        for s in from_sources:
+            yield from ctx.documents(s)
+
     yield from synthesize(docs, kinds=list(_get(cfg, "kinds", ["implement", "edit_diff"])),
                           max_examples=int(_get(cfg, "max_examples", 2000)),
                           max_function_chars=int(_get(cfg, "max_function_chars", 2000)),

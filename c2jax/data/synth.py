@@ -13,7 +13,8 @@ Two kinds, both checkable by construction:
 Each example is a Document of kind ``chat`` (JSON ``{"messages": [...], "tools": []}``) that keeps
 the package, path and licence of the file it came from, so the held-out split applies to it too.
 Selection is deterministic: candidates are ordered by a hash of (file sha256, function name) and
-the first `max_examples` per kind are kept, which spreads examples across packages.
+the first `max_examples` per kind are kept (minus the rare one that fails a late check), which
+spreads examples across packages.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import difflib
 import hashlib
 import json
 import textwrap
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from c2jax.data.sources import Document
 
@@ -114,44 +115,55 @@ def edit_diff_example(doc: Document, lines: list[str], qual: str, fn, max_file_c
                     kind="chat", vendored_in=doc.vendored_in, origin_sha256=doc.sha256)
 
 
-def synthesize(docs: Iterable[Document], kinds: Iterable[str] = KINDS, max_examples: int = 2000,
+def _cheap_ok(kind: str, doc: Document, lines: list[str], fn, max_function_chars: int) -> bool:
+    """The checks of `implement_example` / `edit_diff_example` that need no rendering."""
+    if fn.body[1].lineno == fn.body[0].end_lineno:  # docstring and code on one line
+        return False
+    if kind == "implement":
+        start = (fn.decorator_list[0].lineno if fn.decorator_list else fn.lineno) - 1
+        return sum(len(x) for x in lines[start:fn.end_lineno]) <= max_function_chars
+    return doc.text.endswith("\n")
+
+
+def synthesize(docs: Callable[[], Iterable[Document]], kinds: Iterable[str] = KINDS, max_examples: int = 2000,
                max_function_chars: int = 2000, max_file_chars: int = 6000) -> Iterator[Document]:
     """Up to `max_examples` examples of each kind from Python source documents.
 
-    Memory stays small on a full corpus: the first pass keeps only (hash key, document, function
-    name) per candidate; the selected files are parsed again when their examples are made.
+    `docs` returns a fresh iterator over the source documents (it is read twice: once to rank
+    every candidate function by hash, once to build the chosen examples), so memory holds only
+    (key, document number, function name) per candidate, never the corpus.
     """
     kinds = list(kinds)
     bad = [k for k in kinds if k not in KINDS]
     if bad:
         raise ValueError(f"unknown sft_synth kinds {bad}; known: {list(KINDS)}")
     cands: dict[str, list[tuple[str, int, str]]] = {k: [] for k in kinds}
-    docs = [d for d in docs if d.kind == "text" and d.path.endswith(".py")]
-    for i, doc in enumerate(docs):
+    for i, doc in enumerate(docs()):
+        if doc.kind != "text" or not doc.path.endswith(".py"):
+            continue
         try:
             tree = ast.parse(doc.text)
         except (SyntaxError, ValueError, RecursionError):
             continue
-        quals = [q for q, _ in _functions(tree)]
-        for k in kinds:
-            for qual in quals:
-                cands[k].append((_key(doc, qual, k), i, qual))
-    cache: dict[int, tuple[list[str], dict]] = {}
+        lines = doc.text.splitlines(keepends=True)
+        for qual, fn in _functions(tree):
+            for k in kinds:
+                if _cheap_ok(k, doc, lines, fn, max_function_chars):
+                    cands[k].append((_key(doc, qual, k), i, qual))
+    chosen: dict[int, list[tuple[str, str, str]]] = {}
     for k in kinds:
-        made = 0
-        for _, i, qual in sorted(cands[k]):
-            if made >= max_examples:
-                break
-            doc = docs[i]
-            if i not in cache:
-                if len(cache) > 256:
-                    cache.clear()
-                cache[i] = (doc.text.splitlines(keepends=True), dict(_functions(ast.parse(doc.text))))
-            lines, fns = cache[i]
+        for key, i, qual in sorted(cands[k])[:max_examples]:
+            chosen.setdefault(i, []).append((key, k, qual))
+    del cands
+    for i, doc in enumerate(docs()):
+        if i not in chosen:
+            continue
+        lines = doc.text.splitlines(keepends=True)
+        fns = dict(_functions(ast.parse(doc.text)))
+        for _, k, qual in sorted(chosen[i]):
             if k == "implement":
                 ex = implement_example(doc, lines, qual, fns[qual], max_function_chars)
             else:
                 ex = edit_diff_example(doc, lines, qual, fns[qual], max_file_chars)
             if ex is not None:
-                made += 1
                 yield ex
