@@ -1,4 +1,4 @@
-"""Corpus assembly: sources -> licence filter -> held-out split by package -> caps -> exact dedup -> manifest.
+"""Corpus assembly: sources -> licence filter -> held-out split by package -> dedup -> caps -> manifest.
 
     corpus = build_corpus(config.data, root="runs/data")    # -> Corpus(dir, manifest_hash, ...)
 
@@ -9,12 +9,13 @@ Rules, in order, for every candidate of every source named in ``data.sources``:
 3. split: a package matching ``data.held_out.packages`` (names or globs, PEP 503 normalised) or a
    name exported by the tasks engineer in ``data.held_out.packages_file`` (.txt one per line,
    .json list or {"packages": [...]}, .jsonl task records with ``source.package``) is held out;
-4. caps: ``max_bytes`` (train) and ``held_out_max_bytes`` per source, filled in a deterministic
-   hash order of paths so a capped corpus still samples many packages;
-5. exact duplicates (sha256 of the text) are removed, and a held-out document always wins: a
-   training copy of a held-out file (e.g. vendored, or the same module shipped twice) is dropped.
-   Vendored directories are attributed to the vendored package (`sources.vendored_package`), and
-   dropped entirely unless ``data.vendored = 'attribute'``.
+4. exact duplicates (sha256 of the text) are removed, and a held-out document always wins: a
+   training copy of a held-out file (e.g. vendored, or the same module shipped twice), or text
+   derived from one (its docstrings, SFT examples made from it), is dropped. Vendored directories
+   are attributed to the vendored package (`sources.vendored_package`), and dropped entirely
+   unless ``data.vendored = 'attribute'``;
+5. caps: ``max_bytes`` (train) and ``held_out_max_bytes`` per source, filled in a deterministic
+   hash order of paths so a capped corpus still samples many packages.
 Derived sources (``sft_synth``) then run on the accepted documents and pass rules 1-5.
 Accepted documents stream to spool files (held-out first, so they claim their hashes before any
 training document is considered); memory holds hashes and small indexes, never the corpus.
