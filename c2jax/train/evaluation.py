@@ -37,17 +37,41 @@ def code_sources(names: Iterable[str]) -> list[str]:
     return code or names
 
 
+def spread_eval_batches(reader: Any, source: str, *, seq_len: int, batch_size: int,
+                        max_batches: Optional[int] = None, pad_id: int = 0) -> Iterable[dict]:
+    """Held-out batches of one source: stride-S windows (as `c2jax.data.loader.eval_batches`), but
+    when capped to ``max_batches`` the windows are spread evenly over the whole source instead of
+    taken from its start (a shard's first files, e.g. a package's ``_data_table.py`` modules, are
+    not a fair sample of a codebase). Deterministic; the last batch is padded with masked rows."""
+    from c2jax.data.loader import eval_batches, pack_rows
+
+    if max_batches is None:
+        yield from eval_batches(reader, source, seq_len=seq_len, batch_size=batch_size, pad_id=pad_id)
+        return
+    i = reader.source_index[source]
+    s = reader.sources[i]
+    if s.n_tokens < 2:
+        return
+    S = int(seq_len)
+    starts = np.arange(s.tok_lo, max(s.tok_lo + 1, s.tok_hi - 1), S)
+    n = min(len(starts), int(max_batches) * int(batch_size))
+    pick = starts[np.unique(np.linspace(0, len(starts) - 1, n).round().astype(np.int64))]
+    for j in range(0, len(pick), batch_size):
+        chunk = pick[j:j + batch_size]
+        rows = [[(int(a), int(min(s.tok_hi, a + S + 1)), True)] for a in chunk]
+        rows += [[] for _ in range(batch_size - len(rows))]
+        yield pack_rows(reader, rows, S, pad_id, np.full(batch_size, i, np.int32))
+
+
 def held_out_losses(params: Any, eval_fn: EvalFn, reader: Any, sources: Sequence[str], *, seq_len: int,
                     batch_size: int, max_batches: Optional[int] = None, pad_id: int = 0) -> dict[str, float]:
     """``{'held_out/<source>': loss, 'held_out_tokens/<source>': n, 'held_out_loss': code mean}``."""
-    from c2jax.data.loader import eval_batches
-
     out: dict[str, float] = {}
     tot: dict[str, tuple[float, float]] = {}
     for src in sources:
         s_sum, s_n = 0.0, 0.0
-        for b in eval_batches(reader, src, seq_len=seq_len, batch_size=batch_size, max_batches=max_batches,
-                              pad_id=pad_id):
+        for b in spread_eval_batches(reader, src, seq_len=seq_len, batch_size=batch_size,
+                                     max_batches=max_batches, pad_id=pad_id):
             s, n = eval_fn(params, to_model_batch(b))
             s_sum += float(s)
             s_n += float(n)
@@ -91,43 +115,52 @@ def rolling_windows(stream: np.ndarray, window: int) -> tuple[np.ndarray, np.nda
     return np.stack(rows_in), np.stack(rows_tg), np.stack(rows_m)
 
 
-def codebase_probe(params: Any, eval_fn: EvalFn, reader: Any, *, source: Optional[str], seq_len: int,
+def codebase_probe(params: Any, eval_fn: EvalFn, reader: Any, *, sources: Optional[Sequence[str]], seq_len: int,
                    batch_size: int, packages: Optional[Sequence[str]] = None, max_packages: int = 4,
                    max_tokens: int = 8192) -> dict[str, float]:
-    """NLL per token of each held-out package's concatenated files, rolling window of ``seq_len``."""
+    """NLL per token of held-out codebases, rolling window of ``seq_len`` (see module docstring).
+
+    A codebase = one package's documents of one code source, concatenated in shard order; at most
+    ``max_tokens`` tokens are scored, taken from the middle of the stream (the first files of a
+    package are often generated tables). ``probe/<source>/<package>`` per codebase and
+    ``probe_nll`` over all scored tokens.
+    """
     pkgs = list(packages) if packages is not None else list(reader.packages)
+    srcs = list(sources) if sources is not None else [None]
     out: dict[str, float] = {}
     tot_s, tot_n = 0.0, 0.0
     used = 0
-    for pkg in pkgs:
-        if used >= max_packages:
-            break
-        try:
-            stream = reader.package_tokens(pkg, source)
-        except Exception:  # noqa: BLE001 - a package without documents of this source
-            continue
-        if len(stream) < 2:
-            continue
-        stream = np.asarray(stream[:max_tokens + 1], np.int64)
-        inp, tgt, m = rolling_windows(stream, seq_len)
-        s_sum, s_n = 0.0, 0.0
-        for j in range(0, len(inp), batch_size):
-            bi, bt, bm = inp[j:j + batch_size], tgt[j:j + batch_size], m[j:j + batch_size]
-            pad = batch_size - len(bi)
-            if pad:
-                bi, bt = np.pad(bi, ((0, pad), (0, 0))), np.pad(bt, ((0, pad), (0, 0)))
-                bm = np.pad(bm, ((0, pad), (0, 0)))
-            batch = {"tokens": jnp.asarray(bi, jnp.int32), "targets": jnp.asarray(bt, jnp.int32),
-                     "loss_mask": jnp.asarray(bm), "segment_ids": jnp.ones(bi.shape, jnp.int32),
-                     "positions": jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), bi.shape)}
-            s, n = eval_fn(params, batch)
-            s_sum += float(s)
-            s_n += float(n)
-        if s_n:
-            out[f"probe/{pkg}"] = s_sum / s_n
-            tot_s += s_sum
-            tot_n += s_n
-            used += 1
+    for src in srcs:
+        for pkg in pkgs:
+            if used >= max_packages:
+                break
+            try:
+                stream = reader.package_tokens(pkg, src)
+            except Exception:  # noqa: BLE001 - a package without documents of this source
+                continue
+            if len(stream) < 2:
+                continue
+            lo = max((len(stream) - (max_tokens + 1)) // 2, 0)
+            stream = np.asarray(stream[lo:lo + max_tokens + 1], np.int64)
+            inp, tgt, m = rolling_windows(stream, seq_len)
+            s_sum, s_n = 0.0, 0.0
+            for j in range(0, len(inp), batch_size):
+                bi, bt, bm = inp[j:j + batch_size], tgt[j:j + batch_size], m[j:j + batch_size]
+                pad = batch_size - len(bi)
+                if pad:
+                    bi, bt = np.pad(bi, ((0, pad), (0, 0))), np.pad(bt, ((0, pad), (0, 0)))
+                    bm = np.pad(bm, ((0, pad), (0, 0)))
+                batch = {"tokens": jnp.asarray(bi, jnp.int32), "targets": jnp.asarray(bt, jnp.int32),
+                         "loss_mask": jnp.asarray(bm), "segment_ids": jnp.ones(bi.shape, jnp.int32),
+                         "positions": jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), bi.shape)}
+                s, n = eval_fn(params, batch)
+                s_sum += float(s)
+                s_n += float(n)
+            if s_n:
+                out[f"probe/{src}/{pkg}" if src else f"probe/{pkg}"] = s_sum / s_n
+                tot_s += s_sum
+                tot_n += s_n
+                used += 1
     out["probe_nll"] = tot_s / tot_n if tot_n else float("nan")
     out["probe_tokens"] = tot_n
     return out
@@ -172,11 +205,10 @@ def bigram_nll(counts: np.ndarray, pairs: np.ndarray, alpha: float) -> float:
 def held_out_pairs(reader: Any, sources: Sequence[str], *, seq_len: int, batch_size: int,
                    max_batches: Optional[int] = None) -> np.ndarray:
     """The (input, target) pairs the held-out loss scores (same windows and mask), [N, 2]."""
-    from c2jax.data.loader import eval_batches
-
     out = []
     for src in sources:
-        for b in eval_batches(reader, src, seq_len=seq_len, batch_size=batch_size, max_batches=max_batches):
+        for b in spread_eval_batches(reader, src, seq_len=seq_len, batch_size=batch_size,
+                                     max_batches=max_batches):
             m = b["loss_mask"] > 0
             out.append(np.stack([b["inputs"][m], b["targets"][m]], -1))
     return np.concatenate(out).astype(np.int64) if out else np.zeros((0, 2), np.int64)

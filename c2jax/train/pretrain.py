@@ -377,7 +377,7 @@ def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tupl
         den = sum(ev[f"held_out_tokens/{s}"] for s in prim if f"held_out/{s}" in ev)
         ev["held_out_loss"] = num / den if den else float("nan")
         if ecfg.get("probe_packages") and code_held:
-            ev.update(codebase_probe(p, eval_fn, ctx["held_reader"], source=code_held[0], seq_len=S,
+            ev.update(codebase_probe(p, eval_fn, ctx["held_reader"], sources=code_held, seq_len=S,
                                      batch_size=int(ecfg["batch_size"]), max_packages=int(ecfg["probe_packages"]),
                                      max_tokens=int(ecfg["probe_max_tokens"])))
         return ev
