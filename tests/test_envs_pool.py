@@ -73,6 +73,11 @@ def test_warm_pool_and_health_check(repo_env):
         warm_ids = {sb.id for sb in pool._warm}
         with pool.session(env) as sb:
             assert sb.id in warm_ids and sb.exec("echo warm").stdout == "warm\n"
+            sb.write_file("f.txt", "forked")
+            with sb.fork() as child:  # a pooled fork holds the second slot
+                assert child.read_file("f.txt") == "forked" and pool.metrics()["active"] == 2
+                with pytest.raises(PoolFull):
+                    sb.fork(timeout=0.1)
         with pool.session(env, pids=100) as sb:  # different limits: started fresh
             assert sb.id not in warm_ids
         assert pool.wait_warm(30)

@@ -292,3 +292,25 @@ def lookup(layers: Sequence[str], rel: str) -> str | None:
             if is_opaque(probe):
                 return None
     return None
+
+
+def hide_paths_env(parent_id: str, paths: Sequence[str]) -> str:
+    """`parent_id` plus more in-sandbox paths covered up in every sandbox started from it.
+
+    A path ending in "/" is a directory shown empty (a read-only tmpfs); any other path is a file
+    shown empty (an empty read-only file bound over it). Used to hide pristine copies of task files
+    outside /workspace (e.g. a standard-library module, its .pyc and its Lib/test file). Paths must
+    exist in the sandbox's view. Adds an empty layer; derived environments inherit the list.
+    """
+    parent = load(parent_id)
+    hide = list(parent.meta.get("hide", []))
+    for p in paths:
+        if (not p.startswith("/") or ".." in p.split("/") or p.rstrip("/") in ("", "/workspace")
+                or p.startswith("/workspace/")):
+            raise SandboxError(f"cannot hide {p!r}: an absolute path outside /workspace is needed")
+        if p not in hide:
+            hide.append(p)
+    key = hashlib.sha256(json.dumps([parent_id, hide]).encode()).hexdigest()[:32]
+    return new_layer_env(parent_id, lambda dst: os.makedirs(dst), env_id="hid-" + key,
+                         extra_meta={"hide": hide})
+

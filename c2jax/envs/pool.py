@@ -46,6 +46,10 @@ class Lease:
             self._pool._count_failure(f"killed:{result.killed_reason}")
         return result
 
+    def fork(self, timeout: float | None = None, **overrides: Any) -> "Lease":
+        """A pooled sandbox from this one's current workspace (counts against the cap)."""
+        return self._pool.acquire(self._sb.snapshot(), timeout, **overrides)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True

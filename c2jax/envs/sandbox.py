@@ -125,6 +125,7 @@ class _Spec:
     wheelhouse: str | None = None
     network: bool = False
     overlay: bool = True  # False: bind the single layer read-write (image builds only)
+    hide: Sequence[str] = ()  # in-sandbox paths covered up (images.hide_paths_env): files, "dir/"
 
 
 def _reap_once() -> None:
@@ -148,7 +149,7 @@ def start(env_id: str, limits: Limits | Mapping[str, Any] | None = None, **overr
         limits = limits.replace(**overrides)
     _reap_once()
     image = images.load(env_id)
-    spec = _Spec(image.layers, image.venv, image.interpreter)
+    spec = _Spec(image.layers, image.venv, image.interpreter, hide=tuple(image.meta.get("hide", ())))
     return Sandbox(env_id, spec, limits)
 
 
@@ -314,6 +315,11 @@ class Sandbox:
             a += ["--ro-bind", interp.host_prefix, images.SANDBOX_PREFIX_PYTHON]
         for hidden in interp.hide:  # the interpreter's own site-packages stay invisible
             a += ["--tmpfs", hidden, "--remount-ro", hidden]
+        for hidden in spec.hide:  # per-environment hiding: a directory becomes empty, a file empty
+            if hidden.endswith("/"):
+                a += ["--tmpfs", hidden.rstrip("/"), "--remount-ro", hidden.rstrip("/")]
+            else:
+                a += ["--ro-bind", state.empty_file(), hidden]
         a += ["--proc", "/proc", "--dev", "/dev"]
         a += ["--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
         a += ["--bind" if spec.venv_writable else "--ro-bind", spec.venv, ENV_DIR]

@@ -162,6 +162,17 @@ def reap_orphans() -> list[str]:
     return reaped
 
 
+def empty_file() -> str:
+    """An empty read-only host file, bound over paths an environment hides (`images.hide_paths_env`)."""
+    path = os.path.join(state_dir(), "empty")
+    if not os.path.exists(path) or os.path.getsize(path):
+        tmp = f"{path}.{os.getpid()}"
+        open(tmp, "w").close()
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, path)
+    return path
+
+
 def minimal_etc() -> str:
     """Directory shown as /etc in every sandbox (one bind mount): no host secrets, no resolver.
 
