@@ -55,7 +55,7 @@ def run():
 def test_sharded_train_step_matches_single_device_losses(run):
     cfg, mesh, ref, got, state, st = run
     np.testing.assert_allclose(got, ref, rtol=2e-5)
-    assert ref[-1] < ref[0]
+    assert int(state.step) == int(st.step) == STEPS
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(st.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-3)
 
