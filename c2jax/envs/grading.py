@@ -1,0 +1,395 @@
+"""Grading: a fresh sandbox from the task's base + the agent's diff, protected paths restored, hidden
+tests added, then the task's tests; returns reward terms and flags.
+
+    from c2jax.envs.grading import grade
+    result = grade(task, diff)          # diff: the agent's git patch (Sandbox.diff())
+    result.reward, result.resolved, result.f2p_fraction, result.p2p_regressions, result.flags
+    result.masked                       # True: infrastructure failure, exclude from training/eval
+
+Order of operations (../shared/docs/environments.md §4.3):
+1. The diff's paths are checked on the host: absolute paths, `..` components, paths under a
+   symlink of the base and diffs that create symlinks are rejected (`unsafe_diff`, reward 0).
+2. A new sandbox starts from `task.env_id` (the agent's base: broken code, hidden tests absent);
+   the files the diff touches that match `task.protected_paths` are read from the base first.
+3. `git apply` inside the sandbox (patches are untrusted data). Protected paths the diff touched
+   are then restored from the base, or deleted if the diff created them (`protected_restored:N`).
+4. The hidden test files (and hidden test patch) are written, plus a pytest reporting plugin and a
+   randomly named *canary* test that must fail, appended to a hidden test file.
+5. The test command runs with a clean environment (no PYTEST_ADDOPTS, plugin autoload off);
+   the plugin writes one outcome per test id. Skipped, xfailed, errored or unreported tests count
+   as failed. A passing (or unreported) canary means the runner was patched: reward 0,
+   flag `tamper:canary`.
+Reward terms: `resolved` (all FAIL_TO_PASS and PASS_TO_PASS pass), `f2p_fraction`,
+`p2p_regressions`. Infrastructure failures (sandbox start/exec errors, failures before the agent's
+code runs, or a failure reproduced on the gold patch) set `masked=True`; timeouts, OOM, crashes or
+a missing report under the agent's diff score 0 with a flag.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import re
+import secrets
+import time
+from typing import Any, Iterable, Mapping
+
+from c2jax.envs.errors import SandboxError
+from c2jax.envs.tasks import TaskRecord
+
+CTL_DIR = ".c2jax"  # grading-only files inside /workspace (a protected path)
+REPORT_PLUGIN = '''"""c2jax grading reporter: one outcome per test id, written as JSON at session end."""
+import json, os
+
+_results = {}
+
+
+def _set(nodeid, outcome):
+    order = {"passed": 0, "skipped": 1, "xfailed": 1, "xpassed": 1, "failed": 2, "error": 3}
+    old = _results.get(nodeid)
+    if old is None or order[outcome] > order[old]:
+        _results[nodeid] = outcome
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        if hasattr(report, "wasxfail"):
+            _set(report.nodeid, "xpassed" if report.passed else "xfailed")
+        else:
+            _set(report.nodeid, report.outcome)
+    elif report.failed:
+        _set(report.nodeid, "error")
+    elif report.skipped:
+        _set(report.nodeid, "xfailed" if hasattr(report, "wasxfail") else "skipped")
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _set("collect:" + report.nodeid, "error")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("C2JAX_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"exitstatus": int(exitstatus), "tests": _results}, f)
+'''
+
+
+@dataclasses.dataclass
+class GradeResult:
+    """Reward terms and flags of one graded diff.
+
+    reward: 1.0 if resolved and untampered, else 0.0 (masked results also carry 0.0: skip them).
+    resolved: every FAIL_TO_PASS and PASS_TO_PASS test passed.
+    f2p_fraction: FAIL_TO_PASS tests passing / their count (0 when tampered).
+    p2p_regressions: PASS_TO_PASS tests not passing.
+    masked: infrastructure failure; exclude the sample instead of scoring it.
+    flags: e.g. "unsafe_diff", "diff_does_not_apply", "protected_restored:2", "tamper:canary",
+      "timeout", "oom", "crash", "no_report", "infra:<reason>".
+    outcomes: test id -> passed | failed | skipped | xfailed | xpassed | error | missing.
+    """
+
+    reward: float
+    resolved: bool
+    f2p_fraction: float
+    p2p_regressions: int
+    masked: bool = False
+    flags: list[str] = dataclasses.field(default_factory=list)
+    outcomes: dict[str, str] = dataclasses.field(default_factory=dict)
+    duration_s: float = 0.0
+    detail: str = ""
+
+    @property
+    def tampered(self) -> bool:
+        return any(f.startswith("tamper") for f in self.flags)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["tampered"] = self.tampered
+        return d
+
+
+# ---- diff inspection ----------------------------------------------------------------------------
+
+_GIT_HEADER = re.compile(r'^diff --git (?:"?a/(.*?)"?) (?:"?b/(.*?)"?)$')
+
+
+def diff_paths(diff: str) -> tuple[set[str], list[str]]:
+    """(paths a git/unified diff touches, problems found) — problems make the diff unsafe."""
+    paths: set[str] = set()
+    problems: list[str] = []
+    for line in diff.splitlines():
+        cands: list[str] = []
+        if line.startswith("diff --git "):
+            m = _GIT_HEADER.match(line)
+            if not m:
+                problems.append(f"unparsable header {line[:200]!r}")
+                continue
+            cands = [m.group(1), m.group(2)]
+        elif line.startswith(("--- ", "+++ ")):
+            p = line[4:].split("\t")[0].strip().strip('"')
+            if p == "/dev/null":
+                continue
+            if p.startswith(("a/", "b/")):
+                p = p[2:]
+            else:
+                problems.append(f"path without a/ or b/ prefix: {p[:200]!r}")
+            cands = [p]
+        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
+            cands = [line.split(" ", 2)[2]]
+        elif line.startswith(("new file mode 120000", "new mode 120000")):
+            problems.append("the diff creates a symlink")
+        for p in cands:
+            if p.startswith("/") or "\\" in p:
+                problems.append(f"absolute path {p[:200]!r}")
+            elif ".." in p.split("/") or p.startswith("~"):
+                problems.append(f"path with '..' {p[:200]!r}")
+            else:
+                paths.add(p)
+    return paths, problems
+
+
+def is_protected(path: str, globs: Iterable[str]) -> bool:
+    """True if workspace-relative `path` matches a protected glob (`**` spans directories)."""
+    for g in globs:
+        if fnmatch.fnmatchcase(path, g):
+            return True
+        if g.startswith("**/") and fnmatch.fnmatchcase(path, g[3:]):
+            return True
+        if g.endswith("/**") and (path == g[:-3] or fnmatch.fnmatchcase(path, g[:-3] + "/*")):
+            return True
+    return False
+
+
+def _through_symlink(env_id: str, path: str) -> bool:
+    """True if some ancestor directory of `path` is a symlink in the environment's base."""
+    import os
+
+    from c2jax.envs import images
+
+    layers = images.load(env_id).layers
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        host = images.lookup(layers, "/".join(parts[:i]))
+        if host is None:
+            return False
+        if os.path.islink(host):
+            return True
+    return False
+
+
+# ---- running tests in a sandbox -----------------------------------------------------------------
+
+@dataclasses.dataclass
+class TestRun:
+    """What one test-command run produced."""
+
+    outcomes: dict[str, str]
+    reported: bool
+    exit_code: int
+    killed_reason: str | None
+    duration_s: float
+    output_tail: str
+    flags: list[str]
+    canary: str | None = None
+    reward: float | None = None  # script runner
+
+    __test__ = False
+
+
+def _canary_name() -> str:
+    return f"test_{secrets.choice(['check', 'verify', 'regression', 'edge', 'basic'])}_{secrets.token_hex(4)}"
+
+
+def run_tests(task: TaskRecord, diff: str = "", *, canary: bool = True, restore_protected: bool = True,
+              timeout_s: float | None = None, env_id: str | None = None) -> TestRun:
+    """Start a sandbox over `env_id` (default the task's), apply `diff`, restore protected paths,
+    add the hidden tests (+ canary), run the task's test command and collect per-test outcomes.
+
+    Raises SandboxError for infrastructure failures; `ValueError` if `diff` does not apply.
+    """
+    from c2jax.envs import start
+
+    env_id = env_id or task.env_id
+    touched, _ = diff_paths(diff) if diff.strip() else (set(), [])
+    protected_touched = sorted(p for p in touched if is_protected(p, task.protected_paths)) \
+        if restore_protected else []
+    flags: list[str] = []
+    limits = dict(task.limits)
+    limits.setdefault("timeout_s", float(task.timeouts.get("verify_s", 600)))
+    t_verify = float(timeout_s or task.timeouts.get("verify_s", 600))
+    limits["timeout_s"] = t_verify
+    limits["lifetime_s"] = max(float(limits.get("lifetime_s", 0)), t_verify + 120)
+    with start(env_id, limits) as sb:
+        base_files: dict[str, bytes | None] = {}
+        for p in protected_touched:
+            try:
+                base_files[p] = sb.read_file(p, binary=True)
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError, OSError):
+                base_files[p] = None
+        if diff.strip():
+            r = sb.exec(["git", "apply", "--binary", "--whitespace=nowarn", "-"],
+                        stdin=diff.encode("utf-8", "surrogateescape"), timeout=120)
+            if r.exit_code != 0:
+                raise ValueError(f"diff does not apply: {r.stderr.strip()[:1000]}")
+        if protected_touched:
+            to_delete = [p for p, data in base_files.items() if data is None]
+            for p, data in base_files.items():
+                if data is not None:
+                    sb.exec(["rm", "-rf", "--", p])  # the diff may have made it a directory
+                    sb.write_file(p, data)
+            if to_delete:
+                sb.exec(["rm", "-rf", "--", *to_delete])
+            flags.append(f"protected_restored:{len(protected_touched)}")
+        sb.exec(["rm", "-rf", "--", CTL_DIR])
+        hidden = dict(task.hidden_tests.files)
+        for p in hidden:
+            sb.exec(["rm", "-rf", "--", p])
+        canary_id = None
+        if canary and task.test.runner == "pytest":
+            target = next((p for p in sorted(hidden) if p.endswith(".py")), None)
+            name = _canary_name()
+            if target is None:  # no hidden file: a file of its own next to the first F2P test
+                first = task.hidden_tests.FAIL_TO_PASS[0].split("::")[0]
+                d = first.rsplit("/", 1)[0] + "/" if "/" in first else ""
+                target = f"{d}test_{secrets.token_hex(4)}.py"
+                hidden[target] = ""
+            hidden[target] = hidden[target].rstrip("\n") + (
+                f"\n\n\ndef {name}():\n    assert [1, 2] == [2, 1], 'ordering check'\n")
+            canary_id = f"{target}::{name}"
+        for p, text in hidden.items():
+            sb.write_file(p, text)
+        if task.hidden_tests.patch.strip():
+            r = sb.exec(["git", "apply", "--binary", "--whitespace=nowarn", "-"],
+                        stdin=task.hidden_tests.patch.encode(), timeout=120)
+            if r.exit_code != 0:
+                raise SandboxError(f"hidden test patch does not apply: {r.stderr.strip()[:500]}")
+        nonce = secrets.token_hex(8)
+        env = dict(task.test.env)
+        cmd = list(task.test.cmd)
+        if task.test.runner == "pytest":
+            sb.write_file(f"{CTL_DIR}/c2jax_report.py", REPORT_PLUGIN)
+            report = f"{CTL_DIR}/report-{nonce}.json"
+            pp = env.get("PYTHONPATH", "")
+            env.update({"PYTHONPATH": f"/workspace/{CTL_DIR}" + (":" + pp if pp else ""),
+                        "C2JAX_REPORT": f"/workspace/{report}", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+                        "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+            cmd += ["-p", "c2jax_report", "-p", "no:cacheprovider", "-o", "cache_dir=/tmp/.pytest_cache"]
+            if canary_id:
+                cmd.append(canary_id.split("::")[0])
+        else:
+            report = task.test.report.lstrip("/")
+            if report.startswith("workspace/"):
+                report = report[len("workspace/"):]
+            sb.exec(["rm", "-rf", "--", report])
+        res = sb.exec(cmd, timeout=t_verify, env=env, cwd=task.test.workdir)
+        tail = (res.stdout[-3000:] + "\n" + res.stderr[-2000:]).strip()
+        if res.killed_reason:
+            flags.append(res.killed_reason if res.killed_reason in ("timeout", "oom") else "crash")
+        outcomes: dict[str, str] = {}
+        reported = False
+        reward = None
+        try:
+            raw = sb.read_file(report, max_bytes=64 << 20)
+            if task.test.runner == "pytest":
+                data = json.loads(raw)
+                outcomes = {str(k): str(v) for k, v in dict(data.get("tests", {})).items()}
+            else:
+                text = raw.strip()
+                if report.endswith(".json"):
+                    vals = json.loads(text)
+                    reward = float(vals.get("reward", min(vals.values()))) if isinstance(vals, dict) else float(vals)
+                else:
+                    reward = float(text.split()[0])
+            reported = True
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, OSError, ValueError, TypeError,
+                AttributeError, IndexError):
+            flags.append("no_report")
+        return TestRun(outcomes, reported, res.exit_code, res.killed_reason, res.duration_s, tail, flags,
+                       canary_id, reward)
+
+
+_gold_cache: dict[tuple[str, str], TestRun] = {}
+
+
+def _score(task: TaskRecord, run: TestRun) -> GradeResult:
+    flags = list(run.flags)
+    f2p, p2p = task.hidden_tests.FAIL_TO_PASS, task.hidden_tests.PASS_TO_PASS
+    if task.test.runner == "script":
+        ok = run.reported and run.reward is not None and run.reward >= 1.0 and not run.killed_reason
+        frac = max(0.0, min(1.0, run.reward or 0.0)) if run.reported and not run.killed_reason else 0.0
+        return GradeResult(1.0 if ok else 0.0, ok, frac, 0, False, flags,
+                           {"reward": str(run.reward)}, run.duration_s, run.output_tail[-2000:])
+    outcomes = {t: run.outcomes.get(t, "missing") for t in (*f2p, *p2p)}
+    if run.canary is not None and run.reported and run.outcomes.get(run.canary, "missing") in ("passed", "missing"):
+        flags.append("tamper:canary")
+    n_f2p = sum(outcomes[t] == "passed" for t in f2p)
+    regress = sum(outcomes[t] != "passed" for t in p2p)
+    tampered = any(f.startswith("tamper") for f in flags)
+    resolved = (run.reported and not run.killed_reason and not tampered and n_f2p == len(f2p) and regress == 0)
+    frac = 0.0 if tampered or not f2p else n_f2p / len(f2p)
+    if run.canary:
+        outcomes["<canary>"] = run.outcomes.get(run.canary, "missing")
+    return GradeResult(1.0 if resolved else 0.0, resolved, frac, regress, False, flags, outcomes,
+                       run.duration_s, run.output_tail[-2000:])
+
+
+def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: float | None = None) -> GradeResult:
+    """Grade the agent's `diff` against `task` (see the module docstring). Never raises for bad diffs.
+
+    check_gold: when the diff does not resolve the task, grade the gold patch too (cached per task);
+      if the gold patch also fails, the failure is the environment's: the result is masked.
+    """
+    t0 = time.monotonic()
+    diff = diff or ""
+    paths, problems = diff_paths(diff)
+    if not problems:
+        try:
+            for p in paths:
+                if _through_symlink(task.env_id, p):
+                    problems.append(f"path through a symlink {p!r}")
+        except SandboxError as e:
+            return GradeResult(0.0, False, 0.0, 0, True, [f"infra:{e}"[:300]], duration_s=time.monotonic() - t0)
+    if problems:
+        return GradeResult(0.0, False, 0.0, len(task.hidden_tests.PASS_TO_PASS), False, ["unsafe_diff"],
+                           duration_s=time.monotonic() - t0, detail="; ".join(problems[:5]))
+    try:
+        run = run_tests(task, diff, timeout_s=timeout_s)
+    except ValueError as e:
+        return GradeResult(0.0, False, 0.0, len(task.hidden_tests.PASS_TO_PASS), False, ["diff_does_not_apply"],
+                           duration_s=time.monotonic() - t0, detail=str(e))
+    except SandboxError as e:
+        return GradeResult(0.0, False, 0.0, 0, True, ["infra:sandbox"], duration_s=time.monotonic() - t0,
+                           detail=str(e)[:2000])
+    result = _score(task, run)
+    if check_gold and not result.resolved and not result.tampered and diff != task.patch:
+        key = (task.instance_id, task.env_id)
+        gold = _gold_cache.get(key)
+        if gold is None:
+            try:
+                gold = run_tests(task, task.patch, timeout_s=timeout_s)
+            except (ValueError, SandboxError) as e:
+                result.masked = True
+                result.flags.append("infra:gold_failed")
+                result.detail = f"gold patch could not be graded: {e}"[:2000]
+                return result
+            _gold_cache[key] = gold
+        if not _score(task, gold).resolved:
+            result.masked = True
+            result.flags.append("infra:gold_fails")
+    result.duration_s = time.monotonic() - t0
+    return result
+
+
+def grade_many(task: TaskRecord, diffs: Iterable[str], **kw: Any) -> list[GradeResult]:
+    """Grade several diffs of one task (e.g. the k samples behind pass@k)."""
+    return [grade(task, d, **kw) for d in diffs]
+
+
+def summarize(results: Iterable[GradeResult]) -> Mapping[str, Any]:
+    """Counts of a batch of results: graded, masked, resolved, tampered."""
+    rs = list(results)
+    live = [r for r in rs if not r.masked]
+    return {"n": len(rs), "masked": len(rs) - len(live), "resolved": sum(r.resolved for r in live),
+            "tampered": sum(r.tampered for r in live)}
