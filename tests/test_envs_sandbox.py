@@ -7,7 +7,7 @@ import pytest
 
 from _envs_common import (assert_no_leftovers, envs_state, needs_bwrap, needs_root, repo_env,  # noqa: F401
                           tree_snapshot)
-from c2jax.envs import ExecResult, SandboxClosed, UnsafePath, build_env, derive_env, start
+from c2jax.envs import ExecResult, SandboxClosed, SandboxError, UnsafePath, build_env, derive_env, start
 from c2jax.envs.images import load
 
 pytestmark = needs_bwrap
@@ -181,20 +181,36 @@ def test_limits_validation_and_report(repo_env):
             assert report["disk_bytes"].startswith("unavailable")
 
 
-@needs_root
-def test_requirements_install_from_wheelhouse(envs_state, tmp_path):
-    """A real third-party package installed into /env from a local wheelhouse, used in the sandbox."""
+def test_requirements_install_from_wheelhouse(repo_env, tmp_path):
+    """Real third-party packages (pytest) installed into /env from the prefetched wheelhouse, then
+    the repository's own tests run inside the sandbox: pip and pytest never run on the host."""
     wheelhouse = os.environ.get("C2JAX_WHEELHOUSE") or os.path.join(
-        os.path.dirname(__file__), "..", ".wheelhouse")
-    wheels = [w for w in os.listdir(wheelhouse)] if os.path.isdir(wheelhouse) else []
-    if not any(w.startswith("iniconfig") for w in wheels):
-        pytest.skip("no prefetched wheelhouse (.ci/run prefetches it into .wheelhouse/)")
-    repo = tmp_path / "r"
-    repo.mkdir()
-    (repo / "t.py").write_text("import iniconfig\nprint(iniconfig.__name__)\n")
-    env = build_env(str(repo), requirements=["iniconfig"], wheelhouse=wheelhouse)
+        os.path.dirname(os.path.abspath(__file__)), "..", ".wheelhouse")
+    if not os.path.isdir(wheelhouse) or not any(w.startswith("pytest-") for w in os.listdir(wheelhouse)):
+        pytest.skip("no prefetched wheelhouse: .ci/run downloads .ci/wheelhouse.txt into .wheelhouse/")
+    repo, _ = repo_env
+    env = build_env(repo, requirements=["pytest==8.4.2"], wheelhouse=wheelhouse)
+    assert build_env(repo, requirements=["pytest==8.4.2"], wheelhouse=wheelhouse) == env  # cached
     with start(env) as sb:
-        assert sb.exec("python t.py").stdout == "iniconfig\n"
+        r = sb.exec("python -m pytest -q -p no:cacheprovider tests", timeout=120)
+        assert r.exit_code == 0 and "1 passed" in r.stdout, r
+        sb.write_file("pkg/core.py", "def add(a, b):\n    return a - b\n")
+        assert sb.exec("python -m pytest -q -p no:cacheprovider tests", timeout=120).exit_code == 1
+    with pytest.raises(SandboxError):
+        build_env(repo, requirements=["not-in-the-wheelhouse-pkg"], wheelhouse=wheelhouse)
+
+
+def test_cli_build_prints_the_env_id(repo_env):
+    import subprocess
+    import sys
+
+    repo, env = repo_env
+    r = subprocess.run([sys.executable, "-m", "c2jax.envs", "build", repo], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert r.returncode == 0 and r.stdout.strip() == env, r.stderr
+    r = subprocess.run([sys.executable, "-m", "c2jax.envs", "build", "/nonexistent-dir"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert r.returncode == 1 and "not a directory" in r.stderr
 
 
 def test_sandbox_started_in_a_short_lived_thread_survives_it(repo_env):

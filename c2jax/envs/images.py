@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -29,7 +30,7 @@ from typing import Callable, Sequence
 from c2jax.envs.errors import SandboxError
 from c2jax.envs.state import state_dir
 
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 MAX_LAYERS = 64  # overlayfs allows up to 500 lower layers; deep stacks slow every lookup
 SANDBOX_PREFIX_PYTHON = "/opt/python"
 
@@ -137,6 +138,16 @@ def tree_digest(repo_dir: str) -> str:
     return h.hexdigest()
 
 
+_FIND_PIP_WHEEL = """
+import ensurepip, glob, os
+pkg = ensurepip._get_packages()["pip"] if hasattr(ensurepip, "_get_packages") else None
+path = getattr(pkg, "wheel_path", None) or (pkg and pkg.wheel_name and os.path.join(
+    os.path.dirname(ensurepip.__file__), "_bundled", pkg.wheel_name))
+path = path or sorted(glob.glob(os.path.join(os.path.dirname(ensurepip.__file__), "_bundled", "pip-*.whl")))[-1]
+print(os.path.join(path, "pip"))
+"""
+
+
 def _requirements_text(requirements: str | Sequence[str] | None) -> str:
     if requirements is None:
         return ""
@@ -180,11 +191,15 @@ def build_env(repo_dir: str, requirements: str | Sequence[str] | None = None, *,
         subprocess.run(["cp", "-a", "--", os.path.join(os.path.abspath(repo_dir), "."),
                         os.path.join(tmp, "layer")], check=True, capture_output=True)
         os.chmod(os.path.join(tmp, "layer"), 0o755)
-        script = [f"{interp.python} -m venv {'--without-pip ' if not req else ''}/env"]
+        script = [f"{interp.python} -m venv --without-pip /env"]
         if req:
             with open(os.path.join(tmp, "venv", ".c2jax-requirements.txt"), "w") as f:
                 f.write(req)
-            pip = "/env/bin/python -m pip install --disable-pip-version-check --no-input -q"
+            # pip runs straight from the interpreter's bundled pip wheel (no ensurepip step, and
+            # pip itself is not left in the environment); plain ensurepip is the fallback.
+            script.append(f"PIP=$(/env/bin/python -c {shlex.quote(_FIND_PIP_WHEEL)}) || "
+                          "{ /env/bin/python -m ensurepip -q && PIP='-m pip'; }")
+            pip = "/env/bin/python $PIP install --disable-pip-version-check --no-input -q"
             if wheelhouse:
                 pip += " --no-index --find-links /wheelhouse"
             elif not network:
