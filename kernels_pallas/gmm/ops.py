@@ -68,6 +68,10 @@ def _fwd_gemm(a, w, gs, fmt_pair, impl):
         qw = _q(w, "fp8_blockwise", 1, tile=(128, 128))
         if impl == "xla":
             return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+        if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper wgmma kernel (hopper.py)
+            from kernels_pallas.gmm.hopper import fp8_blockwise_gmm_hopper
+            return fp8_blockwise_gmm_hopper(_e4m3(qa.data), qa.scales, _e4m3(jnp.swapaxes(qw.data, 1, 2)),
+                                            qw.scales, gs)
         return _kernel_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "fp8bw",
                            m, k, n, impl)
     if fmt_pair == "mx":

@@ -1,0 +1,118 @@
+"""Hopper (sm_90) FP8-blockwise grouped matmul in Pallas Mosaic GPU (wgmma), DeepSeek-V3 recipe.
+
+out[m] = sum over 128-wide K chunks c of (A[m, c] @ W[g(m)][c, :]) * sa[m, c] * sw[g, c, n/128]
+
+* A: E4M3 (M, K) with FP32 scales per 1x128 tile; W: E4M3 with FP32 scales per 128x128 block.
+* FP8 wgmma needs both operands K-major in SMEM and Pallas only transposes 16-bit types, so the
+  weight is passed as an explicitly transposed FP8 copy (G, N, K) and viewed (K, N) with
+  `transpose_ref` (the ragged_dot_mgpu `transpose_rhs` path).
+* FP32 promotion every 128 K-elements: each pipeline step (block_k = 128) runs its wgmma into a
+  fresh accumulator, which is then scaled by the row (activation) and column (weight) scales and
+  added to an FP32 register carry (the Hopper tensor core's ~14-bit FP8 accumulation never sees
+  more than 128 products).
+* Group scheduling and the ragged row store (logarithmic ladder of TMA stores) follow
+  `jax.experimental.pallas.ops.gpu.ragged_dot_mgpu` (GroupInfo, planar_snake over 132 SMs).
+
+Status: tested on CPU with the Mosaic GPU *interpreter* only
+(`jax._src.pallas.mosaic_gpu.interpret`, private API: simulates SMEM/TMA/barriers/wgmma, does not
+check layouts, swizzles, register or SMEM limits). It has never been compiled for or run on an
+sm_90 GPU; treat it as logic-tested, not as a working GPU kernel (README).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax.experimental.pallas.ops.gpu.ragged_dot_mgpu import GroupInfo
+
+NUM_SMS = 132  # H100 / H200 SXM
+
+
+def fp8_blockwise_gmm_hopper(a, sa, w_t, sw, group_sizes, *, block_m: int = 64, block_n: int = 128,
+                             max_concurrent_steps: int = 2, out_dtype=jnp.float32,
+                             interpret=None) -> jax.Array:
+    """a (M, K) e4m3, sa (M, K/128) f32, w_t (G, N, K) e4m3 [transposed copy], sw (G, K/128, N/128)
+    f32, group_sizes (G,) int32 -> (M, N) out_dtype. Rows past sum(group_sizes) are zero.
+    `interpret`: None (compile for the GPU) or an `InterpretGPUParams` (CPU interpreter)."""
+    m, k = a.shape
+    g, n, k2 = w_t.shape
+    block_k = 128
+    if k != k2 or k % block_k or n % block_n or block_n % 128:
+        raise ValueError(f"need K ({k}) == {k2}, K % 128 == 0, N ({n}) % block_n ({block_n}) == 0")
+    if a.dtype != jnp.float8_e4m3fn or w_t.dtype != jnp.float8_e4m3fn:
+        raise TypeError("FP8 wgmma needs both operands float8_e4m3fn")
+    # layout hints for the Mosaic GPU compiler; the interpreter has no lowering for them (identity)
+    interp = interpret is not None
+    cast = (lambda x, lay: x) if interp else plgpu.layout_cast
+    # The interpreter's wgmma cannot apply `transpose_ref`; there (only) the weight is fed in its
+    # (K, N) layout. On the GPU the K-major transposed FP8 copy is required.
+    w_in = jnp.swapaxes(w_t, 1, 2) if interp else w_t
+    sa_t = sa.T                                                     # (K/128, M): contiguous row blocks
+    sw_cols = jnp.repeat(sw, 128, axis=2)                           # (G, K/128, N) per-column scales
+
+    def body(sizes_gmem, a_gmem, sa_gmem, w_gmem, sw_gmem, o_gmem):
+        grid_m = pl.cdiv(m, block_m) + g - 1
+        grid_n = n // block_n
+
+        @plgpu.nd_loop((grid_m * grid_n,), collective_axes="sm")
+        def mn_loop(loop_info: plgpu.NDLoopInfo):
+            mi, ni = plgpu.planar_snake(loop_info.index[0], (grid_m, grid_n), 1, 1)
+            gi = GroupInfo.create(sizes_gmem, block_m, mi)
+
+            def step(_, a_smem, w_smem, sa_smem, sw_smem, carry):
+                def mma(acc_ref):
+                    plgpu.wgmma(acc_ref, a_smem, w_smem if interp else plgpu.transpose_ref(w_smem, (1, 0)))
+                    return acc_ref[...]
+
+                part = pl.run_scoped(mma, plgpu.ACC((block_m, block_n)))
+                row = cast(sa_smem[0], plgpu.Layout.WGMMA.reduce(1))
+                col = cast(sw_smem[0], plgpu.Layout.WGMMA.reduce(0))
+                scale = (lax.broadcast_in_dim(row, (block_m, block_n), [0])
+                         * lax.broadcast_in_dim(col, (block_m, block_n), [1]))
+                return carry + part * scale
+
+            acc = plgpu.emit_pipeline(
+                step,
+                grid=(k // block_k,),
+                in_specs=[
+                    plgpu.BlockSpec((block_m, block_k), lambda kk: (gi.block, kk), delay_release=1),
+                    (plgpu.BlockSpec((block_k, block_n), lambda kk: (kk, ni), delay_release=1) if interp
+                     else plgpu.BlockSpec((block_n, block_k), lambda kk: (ni, kk), delay_release=1)),
+                    plgpu.BlockSpec((1, block_m), lambda kk: (kk, gi.block)),
+                    plgpu.BlockSpec((1, block_n), lambda kk: (kk, ni)),
+                ],
+                max_concurrent_steps=max_concurrent_steps,
+                init_carry=cast(jnp.zeros((block_m, block_n), jnp.float32), plgpu.Layout.WGMMA),
+            )(a_gmem, w_gmem.at[gi.group_id], sa_gmem, sw_gmem.at[gi.group_id])
+
+            @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((block_m, block_n), dtype=o_gmem.dtype))
+            def store(o_smem):
+                o_smem[...] = acc.astype(o_smem.dtype)
+                plgpu.commit_smem()
+                start = gi.start_within_block
+                remaining = min(block_m, m)
+                while remaining > 0:  # static ladder of TMA store sizes (see ragged_dot_mgpu)
+                    rows = 1 << int(math.log2(remaining))
+                    remaining //= 2
+
+                    @pl.when(gi.actual_size & rows != 0)
+                    def _():
+                        plgpu.copy_smem_to_gmem(
+                            o_smem.at[pl.ds(start, rows)],
+                            o_gmem.at[pl.ds(gi.block_start + start, rows), pl.ds(ni * block_n, block_n)])
+
+                    start += gi.actual_size & rows
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    kernel = plgpu.kernel(
+        body, out_type=jax.ShapeDtypeStruct((m, n), out_dtype), grid=(NUM_SMS,), grid_names=("sm",),
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        **({} if interpret is None else {"interpret": interpret}))
+    out = kernel(group_sizes.astype(jnp.int32), a, sa_t, w_in, sw_cols)
+    rows = jnp.arange(m)[:, None]
+    return jnp.where(rows < jnp.sum(group_sizes), out, 0).astype(out_dtype)
