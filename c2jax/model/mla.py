@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model.config import ModelConfig
-from c2jax.model.norms import rms_norm
+from c2jax.model.norms import dense, rms_norm
 from c2jax.model.rope import apply_rope, softmax_scale
 
 CAUSAL_BLOCK = 128  # query block of causal block-skipping in self-attention without a cache
@@ -33,16 +33,16 @@ def queries(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
     """x [B, S, D] -> q [B, S, H, qk_head] (before RoPE)."""
     dt = x.dtype
     if cfg.attention.q_lora_rank is None:
-        return jnp.einsum("bsd,dhk->bshk", x, p["q_proj"]["kernel"].astype(dt))
-    qa = rms_norm(x @ p["q_a_proj"]["kernel"].astype(dt), p["q_a_norm"]["scale"], cfg.rms_norm_eps)
-    return jnp.einsum("bsq,qhk->bshk", qa, p["q_b_proj"]["kernel"].astype(dt))
+        return dense(x, p["q_proj"]["kernel"])
+    qa = rms_norm(dense(x, p["q_a_proj"]["kernel"]), p["q_a_norm"]["scale"], cfg.rms_norm_eps)
+    return dense(qa, p["q_b_proj"]["kernel"])
 
 
 def latents(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, cfg: ModelConfig
             ) -> tuple[jax.Array, jax.Array]:
     """x [B, S, D] -> (c_kv [B, S, kv_lora] normed, k_rope [B, S, rope] rotated): what is cached."""
     a = cfg.attention
-    kv = x @ p["kv_a_proj"]["kernel"].astype(x.dtype)  # [B, S, kv_lora + rope]
+    kv = dense(x, p["kv_a_proj"]["kernel"])  # [B, S, kv_lora + rope]
     c_kv = rms_norm(kv[..., : a.kv_lora_rank], p["kv_a_norm"]["scale"], cfg.rms_norm_eps)
     k_rope = apply_rope(kv[..., a.kv_lora_rank:], cos, sin, a.rope_interleave)
     return c_kv, k_rope
@@ -64,24 +64,26 @@ def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
     scores the keys up to its own end: (n + 1) / (2n) of the square, the same result."""
     a, dt = cfg.attention, q_nope.dtype
     h = q_nope.shape[2]
-    kv = jnp.einsum("btc,chk->bthk", c_kv, p["kv_b_proj"]["kernel"].astype(dt))  # [B,T,H,nope+v]
+    kv = dense(c_kv, p["kv_b_proj"]["kernel"])  # [B,T,H,nope+v]
     k_nope, v = kv[..., : a.qk_nope_head_dim], kv[..., a.qk_nope_head_dim:]
     # one score matmul over [nope | rope] (k_rope is shared by all heads)
     q = jnp.concatenate([q_nope, q_rope], axis=-1)  # [B,S,H,qk]
     k = jnp.concatenate([k_nope, jnp.broadcast_to(k_rope[:, :, None], k_rope.shape[:2] + (h, k_rope.shape[-1]))],
                         axis=-1)  # [B,T,H,qk]
     scale = softmax_scale(a)
-    s_len = q.shape[1]
+    q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # heads-major: [B,H,S|T,*]
+    s_len = q.shape[2]
     n = causal_blocks if causal_blocks > 1 and s_len % causal_blocks == 0 else 1
     blk = s_len // n
     outs = []
     for i in range(n):
-        hi = k.shape[1] if n == 1 else (i + 1) * blk
-        s = jnp.einsum("bshk,bthk->bhst", q[:, i * blk:(i + 1) * blk], k[:, :hi],
+        hi = k.shape[2] if n == 1 else (i + 1) * blk
+        s = jnp.einsum("bhsk,bhtk->bhst", q[:, :, i * blk:(i + 1) * blk], k[:, :, :hi],
                        preferred_element_type=jnp.float32)  # [B,H,blk,hi]
         prob = _softmax(s * scale, mask[:, i * blk:(i + 1) * blk, :hi]).astype(dt)
-        outs.append(jnp.einsum("bhst,bthv->bshv", prob, v[:, :hi]))
-    return outs[0] if n == 1 else jnp.concatenate(outs, axis=1)
+        outs.append(jnp.einsum("bhst,bhtv->bhsv", prob, v[:, :, :hi]))
+    o = outs[0] if n == 1 else jnp.concatenate(outs, axis=2)
+    return o.transpose(0, 2, 1, 3)  # [B,S,H,v]
 
 
 def attend_absorbed(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Array, k_rope: jax.Array,
@@ -129,5 +131,6 @@ def mla(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, 
         s_len = x.shape[1]
         blocks = s_len // CAUSAL_BLOCK if s_len % CAUSAL_BLOCK == 0 and s_len >= 2 * CAUSAL_BLOCK else 1
         o = attend_expanded(p, q_nope, q_rope, c_kv, k_rope, mask, cfg, causal_blocks=blocks)
-    out = jnp.einsum("bshv,hvd->bsd", o, p["o_proj"]["kernel"].astype(x.dtype))
+    b, s = o.shape[:2]
+    out = dense(o.reshape(b, s, -1), p["o_proj"]["kernel"].reshape(-1, x.shape[-1]))  # [B, S, D]
     return out, new_cache

@@ -99,7 +99,7 @@ def _dropless(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConfig,
     _, order, token, sizes, inverse = _sort_assignments(idx, m.n_routed_experts)
     ys = _swiglu_grouped(p, x[token], sizes, m.precision, use_kernels)  # [k*N, D] sorted
     y = ys[inverse].reshape(k, n, -1)  # back to assignment order, [k, N, D]
-    y = jnp.einsum("knd,nk->nd", y, w.astype(y.dtype))
+    y = jnp.sum(y * w.T.astype(y.dtype)[:, :, None], axis=0)  # weighted sum over the k slots
     return y, jnp.zeros((), jnp.float32)
 
 
@@ -142,6 +142,6 @@ def capacity_moe(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConf
     out_pad = jnp.concatenate([out.reshape(e * c, d), jnp.zeros((1, d), out.dtype)], axis=0)
     slot = slot_sorted[inverse]  # [k*N] slot of each assignment (e*c if dropped)
     y = out_pad[slot].reshape(k, n, d)
-    y = jnp.einsum("knd,nk->nd", y, w.astype(y.dtype))
+    y = jnp.sum(y * w.T.astype(y.dtype)[:, :, None], axis=0)  # weighted sum over the k slots
     dropped = 1.0 - keep_sorted.astype(jnp.float32).mean()
     return y, dropped

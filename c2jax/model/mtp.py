@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model.config import ModelConfig
-from c2jax.model.norms import rms_norm
+from c2jax.model.norms import dense, rms_norm
 
 
 def shift_tokens(tokens: jax.Array, k: int) -> jax.Array:
@@ -40,11 +40,10 @@ def mtp_forward(params: dict, hidden: jax.Array, tokens: jax.Array, cfg: ModelCo
         e = emb[tok].astype(dt)
         z = jnp.concatenate([rms_norm(e, p["enorm"]["scale"], cfg.rms_norm_eps),
                              rms_norm(h_prev, p["hnorm"]["scale"], cfg.rms_norm_eps)], axis=-1)
-        h = z @ p["eh_proj"]["kernel"].astype(dt)
+        h = dense(z, p["eh_proj"]["kernel"])
         h, stats = block_fn(p["layer"], h)
         g = rms_norm(h, p["final_norm"]["scale"], cfg.rms_norm_eps)
-        logits = jnp.einsum("bsd,dv->bsv", g, params["lm_head"]["kernel"].astype(dt),
-                            preferred_element_type=jnp.float32)
+        logits = dense(g, params["lm_head"]["kernel"]).astype(jnp.float32)
         return g, (logits, stats["counts"], stats["balance_loss"])
 
     _, (logits, counts, bal) = jax.lax.scan(step, hidden, (params["mtp"], shifted))

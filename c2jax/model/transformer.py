@@ -45,7 +45,7 @@ from c2jax.model.config import ModelConfig
 from c2jax.model.mla import mla
 from c2jax.model.moe import moe_block
 from c2jax.model.mtp import mtp_forward
-from c2jax.model.norms import rms_norm, swiglu_mlp
+from c2jax.model.norms import dense, rms_norm, swiglu_mlp
 from c2jax.model.params_spec import ParamSpec, param_specs
 from c2jax.model.rope import rope_cos_sin
 
@@ -182,8 +182,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
         moe_out = st
 
     hidden = rms_norm(h, params["final_norm"]["scale"], cfg.rms_norm_eps)
-    logits = jnp.einsum("bsd,dv->bsv", hidden, params["lm_head"]["kernel"].astype(dt),
-                        preferred_element_type=jnp.float32)
+    logits = dense(hidden, params["lm_head"]["kernel"]).astype(jnp.float32)  # [B, S, V]
 
     e, k = cfg.moe.n_routed_experts, cfg.moe.top_k
     out = {
