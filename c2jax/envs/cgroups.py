@@ -233,6 +233,8 @@ class CgroupV1(SandboxCgroup):
         return True
 
     def kill_all(self, timeout: float = 5.0) -> bool:
+        if not self.pids():  # the common case: the pid namespace already took everything down
+            return True
         deadline = time.monotonic() + timeout
         frozen = False
         try:  # freeze first so a fork bomb cannot outrun the kill loop

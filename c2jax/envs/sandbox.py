@@ -220,7 +220,8 @@ class Sandbox:
             self.limits_report[name] = "enforced (rlimit per command)"
         self.limits_report["tmp_bytes"] = "enforced (size-capped tmpfs)"
         record = {"owner": state.owner_record(), "cgroups": self._cg.paths, "env_id": self.env_id}
-        state.write_record(self.dir, record)
+        # (A crash before the record below is written leaves a directory the reaper still
+        # recognises: its name starts with the owner's pid.)
 
         info_r, info_w = os.pipe()
         self._info_fd = info_w
@@ -975,7 +976,7 @@ def _command_script(cmd, env, cwd, lim: Limits) -> str:
             raise ValueError("empty argv")
         body = "exec " + " ".join(shlex.quote(str(c)) for c in cmd)
     elif isinstance(cmd, str):
-        body = "exec /bin/sh -c " + shlex.quote(cmd)
+        body = cmd  # the script is already run by /bin/sh: no second shell needed
     else:
         raise TypeError(f"cmd must be a string or an argv list, got {type(cmd).__name__}")
     lines = [
