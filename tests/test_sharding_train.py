@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from _sharding_fixtures import LOSS, packed_batch, tiny_cfg, tiny_params
+from _sharding_fixtures import LOSS, packed_batch, rel_fro, tiny_cfg, tiny_params
 from c2jax.model.params_spec import logical_axes, trainable_mask
 from c2jax.model.sharding import (MeshConfig, abstract_state, batch_shardings, jit_train_step, make_mesh,
                                   param_partition_specs, sharded_apply_fn, state_shardings)
@@ -56,8 +56,10 @@ def test_sharded_train_step_matches_single_device_losses(run):
     cfg, mesh, ref, got, state, st = run
     np.testing.assert_allclose(got, ref, rtol=2e-5)
     assert int(state.step) == int(st.step) == STEPS
+    # per-leaf relative Frobenius error (Adam's m / sqrt(v) turns 1e-7 gradient noise on
+    # near-zero gradients into element-wise differences of a few 1e-5 after 3 steps)
     for a, b in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(st.params)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-3)
+        assert rel_fro(a, b) <= 1e-5
 
 
 def test_state_keeps_rule_shardings_and_is_really_sharded(run):

@@ -362,3 +362,60 @@ def abstract_state(state_like: Any, shardings: Any) -> Any:
     """ShapeDtypeStructs with shardings (for `Checkpointer.restore_latest` onto another mesh)."""
     return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                                   state_like, shardings)
+
+
+# ---- wiring into a training stage ----------------------------------------------------------------
+
+@dataclass
+class TrainingPlan:
+    """Everything a train stage needs to run on a mesh: the sharded forward, the jitted step with
+    shardings, state placement and per-process batch assembly (see `training_plan`)."""
+
+    mesh: Mesh
+    mesh_cfg: MeshConfig
+    cfg: Any
+
+    def apply_fn(self):
+        return sharded_apply_fn(self.cfg, self.mesh, self.mesh_cfg)
+
+    def state_shardings(self, state: Any) -> Any:
+        return state_shardings(state, self.cfg, self.mesh)
+
+    def place(self, state: Any) -> Any:
+        """Put a host / single-device TrainState on the mesh (every process passes the same values)."""
+        def put(x, s):
+            if isinstance(x, jax.Array):
+                if x.sharding.is_equivalent_to(s, x.ndim):
+                    return x
+                if not x.is_fully_addressable:
+                    return jax.device_put(x, s)  # global array: reshard
+            return jax.make_array_from_callback(np.shape(x), s, lambda i: np.asarray(x)[i])
+        return jax.tree_util.tree_map(put, state, self.state_shardings(state))
+
+    def jit_step(self, step_fn, state: Any, batch_keys: Sequence[str] = ("tokens", "targets", "loss_mask",
+                                                                          "segment_ids", "positions")):
+        bsh = {k: NamedSharding(self.mesh, batch_spec(2)) for k in batch_keys}
+        return jit_train_step(step_fn, self.state_shardings(state), bsh)
+
+    def to_device(self, convert=lambda b: b):
+        """Loader batch (this process's rows) -> global arrays on the mesh, after `convert`."""
+        def fn(b):
+            return global_batch({k: np.asarray(v) for k, v in convert(b).items()}, self.mesh)
+        return fn
+
+
+def training_plan(config: Any, cfg, batch_size: int, seq_len: int) -> Optional[TrainingPlan]:
+    """The plan for ``config.mesh``, or None when the config has no mesh section or asks for a
+    single device (then the plain single-device path runs). Checks the batch splits."""
+    try:
+        mcfg = config["mesh"]
+    except (KeyError, TypeError, AttributeError):
+        return None
+    if mcfg is None:
+        return None
+    mc = MeshConfig.from_config(mcfg)
+    if mc.size == 1:
+        return None
+    mesh = make_mesh(mc)
+    check_batch_divisible(batch_size, seq_len, mesh)
+    return TrainingPlan(mesh, mc.resolved(mesh.size), cfg)

@@ -320,6 +320,7 @@ def _bigram(ctx: dict, workdir: str, seq_len: int, ecfg: dict, sources: list[str
 
 def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.model.params_spec import logical_axes, trainable_mask
+    from c2jax.model.sharding import training_plan
     from c2jax.train import optim
     from c2jax.train.evaluation import codebase_probe, held_out_losses, to_model_batch
     from c2jax.train.loop import train_loop
@@ -357,14 +358,20 @@ def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tupl
     tx = optim.make_optimizer(scfg["optimizer"], schedule, params, trainable=trainable_mask(cfg),
                               axes=logical_axes(cfg))
     state = TrainState.create(params, tx)
-    apply_fn = model_apply_fn(cfg)
+    S, B = int(scfg["seq_len"]), int(scfg["batch_size"])
+    # config.mesh (c2jax.model.sharding): None = one device; else sharded forward (CP attention,
+    # EP dispatch), step jitted with state/batch shardings, state placed on the mesh.
+    plan = training_plan(config, cfg, B, S)
+    apply_fn = plan.apply_fn() if plan else model_apply_fn(cfg)
     loss_cfg = scfg["loss"]
     starts = {t: int(scfg["mtp_start_step"]) for t in MTP_TERMS if t in loss_cfg and scfg.get("mtp_start_step")}
-    step_fn = jax.jit(make_train_step(apply_fn, loss_cfg, accum_steps=int(scfg["accum_steps"]),
-                                      bias_update_rate=float(scfg["bias_update_rate"]), schedule=schedule,
-                                      term_start_steps=starts))
-    eval_fn = jax.jit(make_eval_step(apply_fn))
-    S, B = int(scfg["seq_len"]), int(scfg["batch_size"])
+    step_fn = make_train_step(apply_fn, loss_cfg, accum_steps=int(scfg["accum_steps"]),
+                              bias_update_rate=float(scfg["bias_update_rate"]), schedule=schedule,
+                              term_start_steps=starts)
+    step_fn = plan.jit_step(step_fn, state) if plan else jax.jit(step_fn)
+    if plan:
+        state = plan.place(state)
+    eval_fn = jax.jit(make_eval_step(model_apply_fn(cfg)))  # GSPMD on sharded params, any eval batch
     ecfg = scfg["eval"]
     built = ctx["built"]
     code_held = [s for s in st["eval_sources"] if built.source_kinds.get(s) == "text" and s.endswith("_code")]
@@ -388,7 +395,8 @@ def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tupl
         name=name, out_dir=out_dir, state=state, step_fn=step_fn, loader=loader, evaluate=evaluate,
         total_steps=steps, tokens_per_step=B * S, log_every=int(scfg["log_every"]),
         eval_every=int(scfg["eval_every"]), ckpt_every=int(scfg["ckpt_every"]),
-        keep=int(scfg["keep_checkpoints"]), to_device=to_model_batch,
+        keep=int(scfg["keep_checkpoints"]), to_device=plan.to_device(to_model_batch) if plan else to_model_batch,
+        place=plan.place if plan else None,
         meta={"model_fingerprint": st["fingerprint"]["model"], "manifest_hash": built.manifest_hash})
     summary.update(seq_len=S, batch_size=B, mix=mix, manifest_hash=built.manifest_hash,
                    model_params=int(sum(x.size for x in jax.tree_util.tree_leaves(state.params))),
