@@ -102,16 +102,18 @@ def test_bad_inputs_stop_before_training_and_lose_nothing(data, tmp_path):
     bad.sources.package_code.packages = ["no-such-package"]
     with pytest.raises(ConfigError, match="package_code"):
         _run(make_config(bad), str(tmp_path / "missing"))
-    # Corrupt shard: detected by its checksum, named, before training.
+    # Corrupt shard of a run's pinned data (workdir/data.json): detected by its checksum, named,
+    # before training. (A fresh `build` instead moves a corrupt store aside and rebuilds it.)
     corrupt = fake_data_config(str(tmp_path / "site3"))
     built = build(corrupt, progress=False)
+    wd = str(tmp_path / "corrupt")
+    built.save(os.path.join(wd, "data.json"))
     tok_dir = os.path.join(built.shards_dir, "train", "tokens")
     chunk = max((os.path.join(p, f) for p, _, fs in os.walk(tok_dir) for f in fs if f != "zarr.json"),
                 key=os.path.getsize)
     with open(chunk, "r+b") as f:
         f.seek(os.path.getsize(chunk) // 2)
         f.write(b"\x00\xff\x13\x37")
-    wd = str(tmp_path / "corrupt")
     with pytest.raises(ConfigError) as e:
         _run(make_config(corrupt), wd)
     assert "tokens" in str(e.value) and ("corrupt" in str(e.value) or "unreadable" in str(e.value))
