@@ -39,7 +39,12 @@ def setup():
     return cfg, params, batch, (float(loss), jax.device_get(out), jax.device_get(grads))
 
 
-@pytest.mark.parametrize("name", list(MESHES))
+# the default run keeps the two meshes that exercise CP and EP together with FSDP; all four run
+# with -m slow
+DEFAULT = ("fsdp2_cp4", "dp2_ep2_cp2")
+
+
+@pytest.mark.parametrize("name", [n if n in DEFAULT else pytest.param(n, marks=pytest.mark.slow) for n in MESHES])
 def test_sharded_forward_and_grads_match_single_device(setup, name):
     cfg, params, batch, (loss0, out0, g0) = setup
     mesh = make_mesh(MESHES[name])
