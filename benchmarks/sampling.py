@@ -161,7 +161,7 @@ def main(argv=None) -> int:
 
     print("\n== memory per cached token ==")
     c = Engine(params, cfg, EngineConfig(max_slots=1, max_len=64)).cache
-    ours_b = sum(x.nbytes for k, v in c.items() if k != "lengths" for x in v.values()) / 64
+    ours_b = sum(x.nbytes for x in jax.tree.leaves(c["layers"])) / 64
     a = cfg.attention
     mha_b = cfg.num_layers * cfg.num_heads * (a.qk_head_dim + a.v_head_dim) * 4
     print(f"c2jax latent cache: {ours_b:.0f} bytes/token ({cfg.num_layers} layers x "

@@ -1,7 +1,8 @@
 """The engine's jitted device steps over a slot cache (fixed shapes; one compile per shape).
 
-The cache is the model's latent MLA cache (`c2jax.model.cache`) with one row per slot:
-``lengths [S]`` and per layer kind ``c_kv [L, S, T, kv_lora]``, ``k_rope [L, S, T, rope]``.
+The cache is the model's latent MLA cache (`c2jax.model.cache` semantics) with one row per slot,
+in the engine's per-layer layout (forward.py): ``lengths [S]`` and per layer ``c_kv [S, T,
+kv_lora]``, ``k_rope [S, T, rope]``; the forward is forward.serving_apply.
 Row ``s`` holds the KV of the sequence in slot ``s`` for positions ``0 .. lengths[s]-1``
 (positions = cache slots, so a sequence always starts at 0 in its row). Everything that varies per
 request (lengths, sampling parameters, seeds) is data, not shape:
@@ -24,29 +25,18 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model.config import ModelConfig
-from c2jax.model.transformer import apply
+from c2jax.sampling.forward import serving_apply as apply
 from c2jax.sampling.sample import sample_tokens
-
-_LAYER_KEYS = ("dense_layers", "moe_layers")
 
 
 def take_row(cache: dict, slot: jax.Array) -> dict:
-    """Row `slot` of the cache as a batch-1 cache."""
-    out = {"lengths": jax.lax.dynamic_slice_in_dim(cache["lengths"], slot, 1, 0)}
-    for k in _LAYER_KEYS:
-        if k in cache:
-            out[k] = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, 1), cache[k])
-    return out
+    """Row `slot` of a serving cache (every leaf has the slot axis first) as a batch-1 cache."""
+    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, 0), cache)
 
 
 def put_row(cache: dict, row: dict, slot: jax.Array) -> dict:
     """Write a batch-1 cache back into row `slot`."""
-    out = {"lengths": jax.lax.dynamic_update_slice_in_dim(cache["lengths"], row["lengths"], slot, 0)}
-    for k in _LAYER_KEYS:
-        if k in cache:
-            out[k] = jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, 1),
-                                  cache[k], row[k])
-    return out
+    return jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, 0), cache, row)
 
 
 def _decode(cfg: ModelConfig, params: dict, cache: dict, tok: jax.Array, active: jax.Array,

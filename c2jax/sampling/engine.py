@@ -46,10 +46,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax.model.cache import init_cache
 from c2jax.model.config import ModelConfig
 from c2jax.sampling import moe_dense
 from c2jax.sampling.device import compiled
+from c2jax.sampling.forward import init_serving_cache, prepare
 from c2jax.sampling.stops import StopMatcher, token_byte_table
 from c2jax.sampling.types import Request, RequestError, Result, SamplingParams, validate_request
 
@@ -134,7 +134,7 @@ class Engine:
         self.version = int(version)
         self._steps = compiled(self.run_cfg)
         S, T = config.max_slots, config.max_len
-        self.cache = init_cache(model_cfg, S, T, config.cache_dtype)
+        self.cache = init_serving_cache(model_cfg, S, T, config.cache_dtype)
         nm, k = model_cfg.n_moe_layers, model_cfg.moe.top_k
         self.row_tokens = np.zeros((S, T), np.int32)
         self.row_len = np.zeros((S,), np.int64)
@@ -464,10 +464,10 @@ class Engine:
             seq.future.set_result(seq.result)
 
     def _prepare(self, params: dict) -> dict:
-        """The engine's working copy of the weights (fused expert layout for 'sampler_dense')."""
-        if self.run_cfg.moe.impl == moe_dense.NAME:
-            return moe_dense.serving_params(params, self.run_cfg)
-        return params
+        """The engine's working copy of the weights: per layer (forward.py), routed experts in the
+        fused layout when the all-experts kernel serves them (moe_dense.py)."""
+        fuse = self.run_cfg.moe.impl == moe_dense.NAME and moe_dense.can_fuse(self.run_cfg)
+        return prepare(params, self.run_cfg, fuse)
 
     def _apply_update(self, params: dict, version: int) -> None:
         self.params, self.version = self._prepare(params), int(version)

@@ -11,7 +11,7 @@ exact (no token is dropped):
 with ``comb[n, e]`` the gate weight of expert e for token n (0 if not chosen) and
 ``act = silu(x @ gate_e) * (x @ up_e)``. For speed the gate and up projections of all experts
 are ONE matmul against a serving layout ``gate_up [D, E*2*F]`` prepared once per weight version
-by `serving_params` (a batched [E, N, D] einsum with tiny N runs at a tenth of the matmul rate on
+by `fuse_experts` (called from forward.serving_params) (a batched [E, N, D] einsum with tiny N runs at a tenth of the matmul rate on
 CPU); the down projection is one matmul with contraction E*F. Without the serving layout (or for
 the low-precision recipes, which go through `kernels_pallas`) it falls back to the model's
 `batched_expert_matmul`, so ``moe.precision`` is honoured exactly as elsewhere.
@@ -57,38 +57,18 @@ def dense_all_experts_moe(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m
     return y, jnp.zeros((), jnp.float32)
 
 
-def _gate_up(experts: dict) -> jax.Array:
-    """{gate,up}_proj [L, E, D, F] -> [L, D, E*2*F] (per expert: gate columns, then up)."""
+def fuse_experts(experts: dict) -> dict:
+    """One layer's routed experts {gate,up}_proj [E, D, F], down_proj [E, F, D] -> the serving
+    layout {gate_up [D, E*2*F] (per expert: gate columns, then up), down_proj}."""
     g, u = experts["gate_proj"], experts["up_proj"]
-    L, E, D, F = g.shape
-    gu = jnp.stack([g, u], axis=2)  # [L, E, 2, D, F]
-    return jnp.transpose(gu, (0, 3, 1, 2, 4)).reshape(L, D, E * 2 * F)
+    E, D, F = g.shape
+    gu = jnp.transpose(jnp.stack([g, u], axis=1), (2, 0, 1, 3)).reshape(D, E * 2 * F)
+    return {"gate_up": gu, "down_proj": experts["down_proj"]}
 
 
-_gate_up_jit = jax.jit(_gate_up)
-
-
-def _serving(params: dict) -> dict:
-    out = dict(params)
-    if "moe_layers" in params:
-        ex = params["moe_layers"]["moe"]["experts"]
-        new_ex = {"gate_up": _gate_up_jit(ex), "down_proj": ex["down_proj"]}
-        out["moe_layers"] = dict(params["moe_layers"], moe=dict(params["moe_layers"]["moe"], experts=new_ex))
-    if "mtp" in params:
-        ex = params["mtp"]["layer"]["moe"]["experts"]
-        new_ex = {"gate_up": _gate_up_jit(ex), "down_proj": ex["down_proj"]}
-        layer = dict(params["mtp"]["layer"], moe=dict(params["mtp"]["layer"]["moe"], experts=new_ex))
-        out["mtp"] = dict(params["mtp"], layer=layer)
-    return out
-
-
-def serving_params(params: dict, cfg: ModelConfig) -> dict:
-    """The engine's copy of `params` with routed experts in the fused serving layout (same
-    memory: gate/up are replaced, not duplicated). Identity for precisions that need the
-    original layout."""
-    if cfg.moe.precision not in _FAST_PRECISIONS:
-        return params
-    return _serving(params)
+def can_fuse(cfg: ModelConfig) -> bool:
+    """The fused layout serves the XLA precisions; low-precision recipes keep the model layout."""
+    return cfg.moe.precision in _FAST_PRECISIONS
 
 
 if NAME not in MOE_IMPLS:

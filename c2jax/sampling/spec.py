@@ -35,17 +35,17 @@ from c2jax.model.mla import mla
 from c2jax.model.moe import moe_block
 from c2jax.model.norms import rms_norm
 from c2jax.model.rope import rope_cos_sin
-from c2jax.model.transformer import apply
 from c2jax.sampling.device import put_row, take_row
+from c2jax.sampling.forward import serving_apply as apply
 from c2jax.sampling.sample import sample_tokens
 
 
 def init_mtp_cache(cfg: ModelConfig, slots: int, max_len: int, dtype=None) -> dict:
-    """Latent cache of the depth-1 MTP block: lengths [S]; moe_layers c_kv [1,S,T,r], k_rope [1,S,T,rope]."""
+    """Latent cache of the depth-1 MTP block: lengths [S]; layer c_kv [S,T,r], k_rope [S,T,rope]."""
     a, dt = cfg.attention, jnp.dtype(dtype or cfg.dtype)
     return {"lengths": jnp.zeros((slots,), jnp.int32),
-            "moe_layers": {"c_kv": jnp.zeros((1, slots, max_len, a.kv_lora_rank), dt),
-                           "k_rope": jnp.zeros((1, slots, max_len, a.qk_rope_head_dim), dt)}}
+            "layer": {"c_kv": jnp.zeros((slots, max_len, a.kv_lora_rank), dt),
+                      "k_rope": jnp.zeros((slots, max_len, a.qk_rope_head_dim), dt)}}
 
 
 def mtp_forward_cached(params: dict, cfg: ModelConfig, hidden: jax.Array, next_tok: jax.Array,
@@ -54,7 +54,7 @@ def mtp_forward_cached(params: dict, cfg: ModelConfig, hidden: jax.Array, next_t
 
     hidden [B, S, D] main final-normed states at those positions, next_tok [B, S] the tokens that
     follow them, seg [B, S] valid mask (valid first). Returns (mcache, logits [B, S, V] f32)."""
-    p = jax.tree.map(lambda x: x[0], params["mtp"])
+    p = params["mtp"][0]  # serving params: per-depth list (forward.serving_params)
     dt = hidden.dtype
     eps = cfg.rms_norm_eps
     e = params["embed"]["embedding"][next_tok].astype(dt)
@@ -63,19 +63,18 @@ def mtp_forward_cached(params: dict, cfg: ModelConfig, hidden: jax.Array, next_t
     s = hidden.shape[1]
     lengths = mcache["lengths"]
     slots = lengths[:, None] + jnp.arange(s, dtype=jnp.int32)[None]  # [B, S]
-    t = mcache["moe_layers"]["c_kv"].shape[2]
+    t = mcache["layer"]["c_kv"].shape[1]
     mask = jnp.arange(t, dtype=jnp.int32)[None, None, :] <= slots[:, :, None]
     cos, sin = rope_cos_sin(cfg.attention, slots)
     lp = p["layer"]
-    lc = jax.tree.map(lambda x: x[0], mcache["moe_layers"])
+    lc = mcache["layer"]
     a, nc = mla(lp["attn"], rms_norm(h, lp["attn_norm"]["scale"], eps), cos, sin, mask, cfg, lc, slots)
     h = h + a
     y, _ = moe_block(lp["moe"], rms_norm(h, lp["mlp_norm"]["scale"], eps), cfg, seg != 0)
     h = h + y
     g = rms_norm(h, p["final_norm"]["scale"], eps)
     logits = jnp.einsum("bsd,dv->bsv", g, params["lm_head"]["kernel"].astype(dt), preferred_element_type=jnp.float32)
-    new = {"lengths": lengths + (seg != 0).sum(-1).astype(jnp.int32),
-           "moe_layers": jax.tree.map(lambda x: x[None], nc)}
+    new = {"lengths": lengths + (seg != 0).sum(-1).astype(jnp.int32), "layer": nc}
     return new, logits
 
 
