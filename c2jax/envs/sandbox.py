@@ -236,19 +236,20 @@ class Sandbox:
                 env={"PATH": "/usr/bin:/bin"})
         finally:
             os.close(info_w)
-        try:
-            info = self._read_all(info_r, 30.0)
-        finally:
-            os.close(info_r)
         bw = {"pid": self._proc.pid, "start": state.proc_start_time(self._proc.pid)}
         state.write_record(self.dir, {**record, "bwrap": bw})
         try:
+            # One wake-up: the executor's "ready" comes after bwrap wrote its info (child pid).
+            line = self._read_line(self._proc.stdout.fileno(), 30.0)
+            info = self._read_all(info_r, 30.0) if line == b"ready" else b""
+        finally:
+            os.close(info_r)
+        if line != b"ready":
+            raise SandboxError(f"sandbox failed to start: {self._startup_error()}")
+        try:
             self._child_pid = int(json.loads(info.decode() or "{}")["child-pid"])
         except (ValueError, KeyError):
-            raise SandboxError(f"sandbox failed to start: {self._startup_error()}") from None
-        line = self._read_line(self._proc.stdout.fileno(), 30.0)
-        if line != b"ready":
-            raise SandboxError(f"sandbox executor did not start: {self._startup_error()}")
+            raise SandboxError(f"sandbox failed to start (no child pid): {self._startup_error()}") from None
         self._pidns = os.readlink(f"/proc/{self._child_pid}/ns/pid")
         root = os.open(f"/proc/{self._child_pid}/root", os.O_PATH | os.O_DIRECTORY)
         try:
@@ -334,8 +335,8 @@ class Sandbox:
             a += ["--bind", spec.layers[0], WORKSPACE]
         a += ["--ro-bind", self.ctl, CTL, "--chdir", WORKSPACE,
               "--remount-ro", "/", "--info-fd", str(self._info_fd)]
-        lifetime = int(limits.lifetime_s) + 5
-        a += ["/usr/bin/timeout", "-s", "KILL", str(lifetime), "/bin/sh", "-c", EXECUTOR]
+        # The lifetime is enforced by the host's timer; if the host dies, --die-with-parent ends it.
+        a += ["/bin/sh", "-c", EXECUTOR]
         return a
 
     def _expire(self) -> None:
@@ -561,6 +562,8 @@ class _Spawner:
         self.thread: threading.Thread | None = None
 
     def popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen:
+        if threading.current_thread() is threading.main_thread():
+            return subprocess.Popen(*args, **kwargs)  # the main thread lives as long as the process
         job = [args, kwargs, None, None, False]
         with self.cond:
             if self.thread is None or not self.thread.is_alive():

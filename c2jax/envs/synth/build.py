@@ -1,0 +1,449 @@
+"""Synthesis driver: codebases -> environments -> candidate tasks -> validated task records.
+
+For each codebase:
+1. Environment: one shared runner environment (empty repository + a venv with pytest from the
+   offline wheelhouse, on the running CPython), one layer with the codebase's tree, then one
+   hiding layer: every pristine copy of a codebase file found *outside* /workspace by the
+   in-sandbox leak scan (e.g. the standard library's own module, its .pyc, its Lib/test file) is
+   covered up.
+2. Gold runs: each test file runs 3 times on the pristine state (cached per codebase version in
+   `<out>/cache/`); only tests passing all 3 runs are eligible (the rest are dropped as flaky or
+   failing).
+3. Candidates (seeded): single-site bugs, multi-site bugs, feature deletions (bodies of tested
+   functions across >= 2 files, >= 50 lines). Each is applied to the pristine tree as span edits.
+4. Validation: the broken state runs once with the hidden tests: FAIL_TO_PASS = eligible tests
+   failing there (>= 1 required), PASS_TO_PASS = eligible tests passing there. A collection error
+   ("breaks import"), a timeout, or no failing test skips the candidate with the reason logged.
+   The gold patch must apply cleanly to the broken files and give back the pristine files; the
+   task's environment (pristine + broken patch - hidden test files) is derived, the full grader
+   must resolve the gold patch, and (optionally) the leak scan of the task's own sandbox must
+   find no pristine copy of a changed file nor a hidden test.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from c2jax.envs import derive_env, images
+from c2jax.envs.grading import grade, run_tests
+from c2jax.envs.synth import leakage, mutate, prompt
+from c2jax.envs.synth.patches import apply_patch_host, make_patch
+from c2jax.envs.synth.sources import Codebase
+from c2jax.envs.synth.wheelhouse import runner_wheelhouse
+from c2jax.envs.tasks import DEFAULT_PROTECTED, HiddenTests, TaskRecord, TestSpec, patch_stats
+
+log = logging.getLogger(__name__)
+GENERATOR_VERSION = "1"
+GOLD_RUNS = 3
+
+
+@dataclasses.dataclass
+class Targets:
+    """How many tasks of each category to make from one codebase (and how hard to try)."""
+
+    bug: int = 4
+    multi_bug: int = 1
+    feature_deletion: int = 2
+    max_attempts: int = 60
+    deletion_min_lines: int = 50
+    deletion_min_files: int = 2
+    deletion_max_lines: int = 400
+
+
+@dataclasses.dataclass
+class BuildContext:
+    out_dir: str
+    seed: int = 0
+    workers: int = 2
+    scan_each_task: bool = True
+    agent_timeout_s: float = 1800.0
+    verify_timeout_s: float = 300.0
+    limits: dict = dataclasses.field(default_factory=lambda: {"timeout_s": 300.0, "memory_bytes": 2 << 30,
+                                                              "pids": 256, "cpus": 1.0})
+
+    @property
+    def cache_dir(self) -> str:
+        d = os.path.join(self.out_dir, "cache")
+        os.makedirs(d, exist_ok=True)
+        return d
+
+
+def base_python() -> str:
+    """The running CPython's base interpreter (the one whose stdlib and Lib/test we use)."""
+    return os.path.join(sys.base_prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")
+
+
+_runner_lock = threading.Lock()
+
+
+def runner_env(ctx: BuildContext) -> str:
+    """Empty repository + venv with pytest (offline wheelhouse), on the running CPython."""
+    from c2jax.envs import build_env
+
+    with _runner_lock:
+        wh, reqs = runner_wheelhouse(os.path.join(ctx.cache_dir, "wheelhouse"))
+        empty = os.path.join(ctx.cache_dir, "empty-repo")
+        os.makedirs(empty, exist_ok=True)
+        return build_env(empty, reqs, wheelhouse=wh, python=base_python())
+
+
+def codebase_env(cb: Codebase, runner: str) -> str:
+    """The runner env + a layer holding the codebase tree (content-addressed)."""
+    key = hashlib.sha256(f"{runner}\0{images.tree_digest(cb.root)}".encode()).hexdigest()[:32]
+    return images.new_layer_env(runner, lambda dst: shutil.copytree(cb.root, dst, symlinks=True),
+                                env_id="cb-" + key, extra_meta={"codebase": cb.name})
+
+
+def _read(cb: Codebase, rel: str) -> str:
+    with open(os.path.join(cb.root, rel), encoding="utf-8", newline="") as f:
+        return f.read()
+
+
+def hide_env(cb: Codebase, env_id: str) -> tuple[str, list[tuple[str, str]]]:
+    """Cover every pristine copy of the codebase's files visible outside /workspace."""
+    files = {}
+    for rel in cb.source_files + cb.test_files:
+        text = _read(cb, rel)
+        if len(text.encode()) >= 64:  # tiny files (empty __init__.py) match countless unrelated ones
+            files[rel] = text
+    hits = leakage.scan(env_id, files, cb.source_files + cb.test_files)
+    outside = sorted({p for p, _ in hits if not p.startswith("/workspace")})
+    if os.path.isdir("/usr/lib/python3/dist-packages"):
+        outside.append("/usr/lib/python3/dist-packages/")  # Debian's Python packages: never needed
+    return images.hide_paths_env(env_id, outside), hits
+
+
+def _probe(cb: Codebase, env_id: str, test_files: list[str], hidden: dict[str, str], verify_s: float,
+           limits: dict) -> TaskRecord:
+    """A task-shaped record for validation runs (nothing to grade, only outcomes to collect)."""
+    return TaskRecord(
+        instance_id="probe", source=cb.source, codebase=cb.name, env_id=env_id, category="bug_injection",
+        subcategory="probe", problem_statement="probe",
+        test=TestSpec("pytest", tuple(cb.test_cmd(test_files)), "/workspace", cb.test_env()),
+        timeouts={"agent_s": 60.0, "verify_s": verify_s}, limits=dict(limits),
+        hidden_tests=HiddenTests(hidden, ("probe",), ()), patch="", protected_paths=DEFAULT_PROTECTED,
+        provenance={}, stats={})
+
+
+def gold_outcomes(cb: Codebase, env_id: str, ctx: BuildContext) -> dict[str, dict[str, Any]]:
+    """Per test file: {"stable": [ids passing every run], "flaky": [...], "failing": [...], "wall_s"}."""
+    path = os.path.join(ctx.cache_dir, f"gold-{cb.name}-{cb.source.version}-{cb.source.sha256[:12]}.json")
+    cache: dict = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            cache = json.load(f)
+    todo = [t for t in cb.test_files if t not in cache]
+
+    def one(tf: str) -> tuple[str, dict]:
+        runs, t0 = [], time.monotonic()
+        for _ in range(GOLD_RUNS):
+            r = run_tests(_probe(cb, env_id, [tf], {}, ctx.verify_timeout_s, ctx.limits), "", canary=False,
+                          restore_protected=False)
+            runs.append({} if r.killed_reason or not r.reported else r.outcomes)
+        ids = sorted(set().union(*runs))
+        stable = [i for i in ids if not i.startswith("collect:") and all(r.get(i) == "passed" for r in runs)]
+        flaky = [i for i in ids if i not in stable and any(r.get(i) == "passed" for r in runs)]
+        failing = [i for i in ids if i not in stable and i not in flaky]
+        return tf, {"stable": stable, "flaky": flaky, "failing": failing, "wall_s": time.monotonic() - t0}
+
+    if todo:
+        with cf.ThreadPoolExecutor(max(1, ctx.workers)) as ex:
+            for tf, res in ex.map(one, todo):
+                cache[tf] = res
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(cache, f)
+        os.replace(tmp, path)
+    return cache
+
+
+# ---- candidates -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Candidate:
+    category: str
+    subcategory: str
+    new_texts: dict[str, str]  # path -> broken text
+    functions: list[tuple[str, str, str]]  # (path, qualname, docstring)
+    seed: int
+
+
+def _tested_sources(cb: Codebase, gold: dict) -> list[str]:
+    return [s for s in cb.source_files if any(gold.get(t, {}).get("stable") for t in cb.tests_for(s))]
+
+
+def make_candidate(cb: Codebase, category: str, rng: random.Random, targets: Targets, gold: dict,
+                   seed: int) -> Candidate | None:
+    srcs = _tested_sources(cb, gold)
+    if not srcs:
+        return None
+    if category in ("bug_injection", "multi_bug"):
+        n = 1 if category == "bug_injection" else rng.choice((2, 3))
+        chosen: list[mutate.Mutation] = []
+        for _ in range(n * 6):
+            path = rng.choice(srcs)
+            muts = mutate.candidates(path, _read(cb, path))
+            m = mutate.sample(muts, rng, rng.choice(mutate.KINDS))
+            if m is None or any(c.function == m.function and c.path == m.path for c in chosen):
+                continue
+            chosen.append(m)
+            if len(chosen) == n:
+                break
+        if len(chosen) < n:
+            return None
+        by_file: dict[str, list[mutate.Edit]] = {}
+        for m in chosen:
+            by_file.setdefault(m.path, []).extend(m.edits)
+        new = {p: mutate.apply_edits(_read(cb, p), es) for p, es in by_file.items()}
+        sub = "+".join(sorted({m.kind for m in chosen}))
+        return Candidate(category, sub, new, [(m.path, m.function, "") for m in chosen], seed)
+    # feature deletion
+    files = list(srcs)
+    rng.shuffle(files)
+    pool: list[mutate.Deletable] = []
+    for p in files:
+        try:
+            ds = mutate.deletable_functions(p, _read(cb, p))
+        except SyntaxError:
+            continue
+        rng.shuffle(ds)
+        pool.extend(ds)
+    chosen_d: list[mutate.Deletable] = []
+    total = 0
+    used_files: set[str] = set()
+    # first make sure of >= min_files distinct files, then fill to the line target
+    for want_new_file in (True, False):
+        for d in pool:
+            if d in chosen_d or total >= targets.deletion_min_lines and len(used_files) >= targets.deletion_min_files:
+                continue
+            if want_new_file and d.path in used_files:
+                continue
+            if total + d.lines > targets.deletion_max_lines:
+                continue
+            if any(o.path == d.path and not (d.edit.end <= o.edit.start or o.edit.end <= d.edit.start) for o in chosen_d):
+                continue
+            chosen_d.append(d)
+            used_files.add(d.path)
+            total += d.lines
+            if want_new_file and len(used_files) >= targets.deletion_min_files:
+                break
+    if total < targets.deletion_min_lines or len(used_files) < targets.deletion_min_files:
+        return None
+    by_file2: dict[str, list[mutate.Edit]] = {}
+    for d in chosen_d:
+        by_file2.setdefault(d.path, []).append(d.edit)
+    new = {p: mutate.apply_edits(_read(cb, p), es) for p, es in by_file2.items()}
+    return Candidate("feature_deletion", f"{len(chosen_d)}_functions", new,
+                     [(d.path, d.function, d.docstring) for d in chosen_d], seed)
+
+
+# ---- validation -----------------------------------------------------------------------------------
+
+class Skip(Exception):
+    """A candidate that does not make a valid task; the message is the logged reason."""
+
+
+def validate_candidate(cb: Codebase, cand: Candidate, env_id: str, gold: dict, ctx: BuildContext,
+                       split: str) -> TaskRecord:
+    t0 = time.monotonic()
+    pristine = {p: _read(cb, p) for p in cand.new_texts}
+    for p, text in cand.new_texts.items():
+        try:
+            compile(text, p, "exec")
+        except SyntaxError as e:
+            raise Skip(f"mutation is not valid Python: {e}")
+        if text == pristine[p]:
+            raise Skip("mutation changes nothing")
+    test_files = sorted({t for p in cand.new_texts for t in cb.tests_for(p)})
+    hidden = {t: _read(cb, t) for t in test_files}
+    stable = sorted({i for t in test_files for i in gold.get(t, {}).get("stable", [])})
+    if not stable:
+        raise Skip("no stable test covers the changed files")
+    broken_patch = make_patch(pristine, cand.new_texts)
+    probe = _probe(cb, env_id, test_files, hidden, ctx.verify_timeout_s, ctx.limits)
+    run = run_tests(probe, broken_patch, canary=False, restore_protected=False)
+    if run.killed_reason:
+        raise Skip(f"broken state: tests {run.killed_reason}")
+    if not run.reported:
+        raise Skip("broken state: no test report (mutation breaks the runner or import)")
+    if any(k.startswith("collect:") for k, v in run.outcomes.items() if v != "passed"):
+        raise Skip("mutation breaks import (collection error)")
+    f2p = [i for i in stable if run.outcomes.get(i) != "passed"]
+    p2p = [i for i in stable if run.outcomes.get(i) == "passed"]
+    if not f2p:
+        raise Skip("no test detects the change")
+    gold_patch = make_patch(cand.new_texts, pristine)
+    if apply_patch_host(cand.new_texts, gold_patch) != pristine:
+        raise Skip("gold patch does not restore the pristine files")
+    agent_base = make_patch({**pristine, **hidden}, {**cand.new_texts, **{t: None for t in hidden}})
+    task_env = derive_env(env_id, agent_base)
+    rng = random.Random(cand.seed)
+    if cand.category == "feature_deletion":
+        text = prompt.deletion_prompt(cand.functions, f2p, rng, gold_patch)
+    else:
+        text = prompt.bug_prompt(sorted(cand.new_texts), f2p, rng, multi=cand.category == "multi_bug")
+    if prompt.leaks(text, gold_patch):
+        raise Skip("prompt would leak the solution")
+    lines, nfiles = patch_stats(gold_patch)
+    iid = f"{cb.name}.{cand.category}.{hashlib.sha256(broken_patch.encode()).hexdigest()[:12]}"
+    task = TaskRecord(
+        instance_id=iid, source=cb.source, codebase=cb.name, env_id=task_env, category=cand.category,
+        subcategory=cand.subcategory, problem_statement=text,
+        test=TestSpec("pytest", tuple(cb.test_cmd(test_files)), "/workspace", cb.test_env()),
+        timeouts={"agent_s": ctx.agent_timeout_s, "verify_s": ctx.verify_timeout_s}, limits=dict(ctx.limits),
+        hidden_tests=HiddenTests(hidden, tuple(f2p), tuple(p2p)), patch=gold_patch,
+        protected_paths=DEFAULT_PROTECTED, split=split,
+        provenance={"generator": f"c2jax.envs.synth.mutate:{cand.category}", "generator_version": GENERATOR_VERSION,
+                    "seed": cand.seed, "functions": [f"{p}:{q}" for p, q, _ in cand.functions]},
+        stats={"lines_changed": lines, "files_changed": nfiles, "prompt_chars": len(text),
+               "f2p": len(f2p), "p2p": len(p2p)})
+    g = grade(task, gold_patch, check_gold=False)
+    if not g.resolved:
+        raise Skip(f"gold patch does not resolve under the grader: {g.flags} {g.detail[:300]}")
+    leaks: list = []
+    if ctx.scan_each_task:
+        watch = {p: pristine[p] for p in pristine if len(pristine[p]) >= 64}
+        watch.update({t: hidden[t] for t in hidden})
+        leaks = leakage.scan(task_env, watch, list(cand.new_texts) + test_files)
+        if leaks:
+            raise Skip(f"leak in the agent's sandbox: {leaks[:3]}")
+    validation = {"gold_runs": GOLD_RUNS, "broken_runs": 1, "f2p_fail_before": len(f2p), "p2p_stable": len(p2p),
+                  "dropped_flaky": sum(len(gold.get(t, {}).get("flaky", [])) for t in test_files),
+                  "gold_resolves": True, "leak_scan": "clean" if ctx.scan_each_task else "codebase-level",
+                  "wall_s": round(time.monotonic() - t0, 2)}
+    return task.replace(provenance={**task.provenance, "validation": validation})
+
+
+def build_codebase(cb: Codebase, targets: Targets, ctx: BuildContext, split: str,
+                   report: dict[str, Any]) -> list[TaskRecord]:
+    """Validated tasks from one codebase; skips and their reasons go to `report`."""
+    rep = report.setdefault(cb.name, {"skipped": {}, "accepted": 0, "attempts": 0})
+    try:
+        env = codebase_env(cb, runner_env(ctx))
+        env, hits = hide_env(cb, env)
+        rep["hidden_paths"] = len(images.load(env).meta.get("hide", []))
+        gold = gold_outcomes(cb, env, ctx)
+    except Exception as e:  # noqa: BLE001 - a codebase that fails to build is skipped, reason logged
+        rep["error"] = f"{type(e).__name__}: {e}"[:2000]
+        log.warning("codebase %s skipped: %s", cb.name, rep["error"])
+        return []
+    rep["gold"] = {t: {k: (len(v) if isinstance(v, list) else round(v, 2)) for k, v in g.items()} for t, g in gold.items()}
+    want = {"bug_injection": targets.bug, "multi_bug": targets.multi_bug, "feature_deletion": targets.feature_deletion}
+    got: dict[str, list[TaskRecord]] = {k: [] for k in want}
+    seen: set[str] = set()
+    base_seed = int(hashlib.sha256(f"{ctx.seed}:{cb.name}".encode()).hexdigest()[:8], 16)
+    lock = threading.Lock()
+    attempt = [0]
+
+    def next_candidate() -> Candidate | None:
+        with lock:
+            while attempt[0] < targets.max_attempts:
+                open_cats = [k for k in want if len(got[k]) < want[k]]
+                if not open_cats:
+                    return None
+                seed = base_seed + attempt[0]
+                attempt[0] += 1
+                rng = random.Random(seed)
+                cat = open_cats[attempt[0] % len(open_cats)]
+                cand = make_candidate(cb, cat, rng, targets, gold, seed)
+                if cand is None:
+                    rep["skipped"]["no candidate"] = rep["skipped"].get("no candidate", 0) + 1
+                    continue
+                key = hashlib.sha256(json.dumps(sorted(cand.new_texts.items())).encode()).hexdigest()
+                if key in seen:
+                    continue
+                seen.add(key)
+                return cand
+            return None
+
+    def worker() -> None:
+        while True:
+            cand = next_candidate()
+            if cand is None:
+                return
+            try:
+                task = validate_candidate(cb, cand, env, gold, ctx, split)
+            except Skip as e:
+                reason = str(e).split(":")[0][:80]
+                with lock:
+                    rep["skipped"][reason] = rep["skipped"].get(reason, 0) + 1
+                continue
+            except Exception as e:  # noqa: BLE001 - infra trouble on one candidate: log, go on
+                with lock:
+                    key = f"error: {type(e).__name__}"
+                    rep["skipped"][key] = rep["skipped"].get(key, 0) + 1
+                    rep.setdefault("errors", []).append(str(e)[:500])
+                continue
+            with lock:
+                if len(got[task.category]) < want[task.category]:
+                    got[task.category].append(task)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, ctx.workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rep["attempts"] = attempt[0]
+    tasks = [t for k in want for t in got[k]]
+    rep["accepted"] = len(tasks)
+    return tasks
+
+
+def enforce_mix(tasks: list[TaskRecord], max_codebase_share: float, min_deletion_share: float,
+                deletion_min_lines: int = 50, deletion_min_files: int = 2) -> list[TaskRecord]:
+    """Drop tasks (deterministically, from the largest codebases / non-deletions first) until no
+    codebase holds more than `max_codebase_share` and big feature deletions make up at least
+    `min_deletion_share`. Returns the kept tasks; raises ValueError if the shares cannot be met."""
+    def big(t: TaskRecord) -> bool:
+        return (t.category == "feature_deletion" and t.stats.get("lines_changed", 0) >= deletion_min_lines
+                and t.stats.get("files_changed", 0) >= deletion_min_files)
+
+    kept = sorted(tasks, key=lambda t: t.instance_id)
+    while True:
+        n = len(kept)
+        if n == 0:
+            raise ValueError("no tasks left while enforcing the mix")
+        counts: dict[str, int] = {}
+        for t in kept:
+            counts[t.codebase] = counts.get(t.codebase, 0) + 1
+        worst = max(counts, key=lambda c: (counts[c], c))
+        if counts[worst] > max_codebase_share * n + 1e-9:
+            if len(counts) * max_codebase_share < 1 - 1e-9:
+                raise ValueError(f"{len(counts)} codebases cannot satisfy a {max_codebase_share:.0%} cap")
+            victims = [t for t in kept if t.codebase == worst]
+            victims.sort(key=lambda t: (big(t), t.instance_id))
+            kept.remove(victims[0])
+            continue
+        nbig = sum(big(t) for t in kept)
+        if nbig < min_deletion_share * n - 1e-9:
+            others = [t for t in kept if not big(t)]
+            if not others or nbig == 0:
+                raise ValueError(f"only {nbig} feature deletions of >= {deletion_min_lines} lines; cannot reach "
+                                 f"{min_deletion_share:.0%}")
+            others.sort(key=lambda t: (-counts[t.codebase], t.instance_id))
+            kept.remove(others[0])
+            continue
+        return kept
+
+
+def difficulty_filter(tasks: list[TaskRecord], pass_rate: Callable[[TaskRecord], float],
+                      lo: float = 0.0, hi: float = 1.0) -> list[TaskRecord]:
+    """Keep tasks a reference policy solves sometimes but not always: lo < rate < hi (the RL
+    distribution needs reward variance within a group). `pass_rate(task)` is the hook, e.g. the
+    fraction of k rollouts of a reference policy that `grade` resolves."""
+    out = []
+    for t in tasks:
+        r = float(pass_rate(t))
+        if lo < r < hi:
+            out.append(t.replace(provenance={**t.provenance, "difficulty": {"ref_policy_pass_rate": r}}))
+    return out
