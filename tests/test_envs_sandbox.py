@@ -227,3 +227,34 @@ def test_sandbox_started_in_a_short_lived_thread_survives_it(repo_env):
     time.sleep(0.3)
     with box[0] as sb:
         assert sb.alive and sb.exec("echo alive").stdout == "alive\n"
+
+
+def test_close_during_exec_and_infrastructure_failures(repo_env):
+    """close() from another thread ends a running command with killed_reason="closed"; a sandbox
+    killed from outside raises SandboxError instead of looking like a failed command."""
+    import signal
+    import threading
+
+    from c2jax.envs import SandboxError
+
+    _, env = repo_env
+    sb = start(env)
+    results = []
+    t = threading.Thread(target=lambda: results.append(sb.exec("sleep 30", timeout=60)))
+    t.start()
+    import time
+
+    time.sleep(0.3)
+    sb.close()
+    t.join(20)
+    assert results and results[0].killed_reason == "closed" and results[0].exit_code == 137
+    with pytest.raises(SandboxClosed):
+        sb.exec("true")
+    sb2 = start(env)
+    os.kill(sb2._proc.pid, signal.SIGKILL)  # the infrastructure dies, not the command
+    sb2._proc.wait(10)
+    with pytest.raises(SandboxError) as e:
+        sb2.exec("echo hi")
+    assert "died" in str(e.value)
+    sb2.close()
+    assert_no_leftovers(sb2)
