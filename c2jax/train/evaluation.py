@@ -225,7 +225,7 @@ def bigram_baseline(train_reader: Any, held_reader: Any, vocab_size: int, *, seq
                            max_batches=max_batches)
     if not len(pairs):
         return {"bigram_held_out_loss": float("nan")}
-    best = min(((bigram_nll(counts, pairs, a), a) for a in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)))
+    best = min(((bigram_nll(counts, pairs, a), a) for a in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0)))
     uni = (counts.sum(0) + 1.0) / (counts.sum() + counts.shape[0])
     return {"bigram_held_out_loss": best[0], "bigram_alpha": best[1],
             "unigram_held_out_loss": float(-np.mean(np.log(uni[pairs[:, 1]]))),
