@@ -195,12 +195,12 @@ def cp_attention(mesh: Mesh, q_nope, q_rope, c_kv, k_rope, seg, w_kvb, cfg: Mode
                  block: int = 0, balanced: bool = True, gather: str = "latent", batch_axes=None):
     """CP attention on global arrays (sequence sharded over ``context``); see `cp_attention_local`.
     Returns (o [B, S, H, dv], blocks computed per device [n_devices] in mesh order)."""
-    from c2jax.model.sharding import BATCH_AXES
+    from c2jax.model.sharding import ACTIVATION_RULES
 
-    ba = BATCH_AXES if batch_axes is None else batch_axes
-    act = P(ba, CP_AXIS, None, None)
-    lat = P(ba, CP_AXIS, None)
-    tok = P(ba, CP_AXIS)
+    ba = ACTIVATION_RULES["batch"] if batch_axes is None else batch_axes
+    act = P(ba, CP_AXIS, None, None)  # [batch, seq, heads, head_dim]
+    lat = P(ba, CP_AXIS, None)  # [batch, seq, kv_lora]
+    tok = P(ba, CP_AXIS)  # [batch, seq]
     fn = functools.partial(cp_attention_local, cfg=cfg, axis=CP_AXIS, block=block, balanced=balanced,
                            gather=gather, vary_axes=tuple(mesh.axis_names))
     if seg is None:

@@ -159,12 +159,12 @@ def ep_moe(mesh: Mesh, p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: M
            quant: Optional[str] = None, ragged: str = "auto", stats: bool = False):
     """Expert-parallel routed experts on global arrays x [N, D], idx/w [N, k] (tokens sharded over
     all token axes, experts over ``expert``). Same result as `moe_impls.dropless_moe`."""
-    from c2jax.model.sharding import TOKEN_AXES
+    from c2jax.model.sharding import activation_spec
 
     ep = mesh.shape[EP_AXIS]
     if m.n_routed_experts % ep:
         raise ValueError(f"mesh.expert={ep} must divide n_routed_experts={m.n_routed_experts}")
-    tok = P(TOKEN_AXES, None)
+    tok = activation_spec("tokens", None)  # [tokens, embed] / [tokens, top_k]
     pspec = jax.tree_util.tree_map(lambda _: P(EP_AXIS), p)
     out_specs = (tok, P()) + ((P(tuple(mesh.axis_names)),) if stats else ())
     # quantised dispatch uses the fixed-size path (the ragged one sends compute-dtype rows)

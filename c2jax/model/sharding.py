@@ -15,7 +15,8 @@ Two views of the same devices:
   on one dimension over ``DENSE_FSDP_AXES`` = (fsdp, expert, context) and all-gathered at use;
 * expert view (routed experts [E, D, F]): the E dimension over ``expert``, the embed dimension over
   (fsdp, context).
-Activations: batch over ``BATCH_AXES`` = (data, fsdp, expert), sequence over ``context``.
+Activations (`ACTIVATION_RULES`): batch over ``BATCH_AXES`` = (data, fsdp, expert), sequence over
+``context``, the MoE token axis over all four.
 
 `mesh_rules` maps each logical axis name of `params_spec.LOGICAL_AXES` to candidate mesh axes;
 `resolve_spec` picks, per parameter, the mesh axes that are free and divide the dimension (so any
@@ -276,11 +277,27 @@ def tree_shardings_like_params(tree: Any, params_shardings: Any, params_shapes: 
     return jax.tree_util.tree_map_with_path(pick, tree)
 
 
+# Logical activation axes -> mesh axes (None = replicated). Activations keep weights' feature
+# dimensions whole: the mesh has no tensor-parallel axis (EP is decoupled from TP).
+ACTIVATION_RULES: dict[str, Any] = {
+    "batch": BATCH_AXES,      # rows of the global batch
+    "seq": "context",         # sequence positions (CP)
+    "tokens": TOKEN_AXES,     # flattened batch x sequence (the MoE's token axis)
+    "expert_rank": "expert",  # the EP dispatch buffer's destination axis
+    "embed": None, "heads": None, "head_dim": None, "kv_lora": None, "vocab": None, "top_k": None,
+}
+
+
+def activation_spec(*logical: Optional[str]) -> P:
+    """PartitionSpec of an activation from its logical axis names, e.g. ('batch', 'seq', 'embed')."""
+    return P(*[None if n is None else ACTIVATION_RULES[n] for n in logical])
+
+
 def batch_spec(ndim: int) -> P:
     """[B] -> batch axes; [B, S, ...] -> batch axes x context."""
     if ndim == 1:
-        return P(BATCH_AXES)
-    return P(BATCH_AXES, "context", *([None] * (ndim - 2)))
+        return activation_spec("batch")
+    return activation_spec("batch", "seq", *([None] * (ndim - 2)))
 
 
 def batch_shardings(batch: Mapping[str, Any], mesh: Mesh) -> dict:
