@@ -116,3 +116,81 @@ def fp8_blockwise_gmm_hopper(a, sa, w_t, sw, group_sizes, *, block_m: int = 64, 
     out = kernel(group_sizes.astype(jnp.int32), a, sa_t, w_in, sw_cols)
     rows = jnp.arange(m)[:, None]
     return jnp.where(rows < jnp.sum(group_sizes), out, 0).astype(out_dtype)
+
+
+def fp8_blockwise_tgmm_hopper(x_t, sx, dy_t, sdy, group_sizes, *, block_m: int = 64, block_n: int = 128,
+                              max_concurrent_steps: int = 2, out_dtype=jnp.float32,
+                              interpret=None) -> jax.Array:
+    """FP8-blockwise wgrad: out[g] = sum over the 128-token chunks c of group g of
+    (X_c^T @ dY_c) * sx[c, :, None] * sdy[c, None, :]  -> (G, K, N).
+
+    Operands are the explicitly transposed FP8 copies wgmma needs (tokens contiguous = K-major for
+    this GEMM): x_t (K, Mp) e4m3 with 128x1 scales sx (Mp/128, K); dy_t (N, Mp) e4m3 with scales
+    sdy (Mp/128, N). Groups must start at multiples of 128 tokens with zero rows in between
+    (`groups.pad_groups(..., 128)`), so no mask is needed and each chunk is promoted into the FP32
+    carry with its two scale vectors. Same test status as `fp8_blockwise_gmm_hopper`.
+    """
+    kdim, mp = x_t.shape
+    n, mp2 = dy_t.shape
+    g = group_sizes.shape[0]
+    bt = 128
+    if mp != mp2 or mp % bt or kdim % block_m or n % block_n:
+        raise ValueError(f"need Mp ({mp}) == {mp2}, Mp % 128 == 0, K ({kdim}) % {block_m} == 0, "
+                         f"N ({n}) % {block_n} == 0")
+    interp = interpret is not None
+    cast = (lambda x, lay: x) if interp else plgpu.layout_cast
+    gs = group_sizes.astype(jnp.int32)
+    chunk_start = ((jnp.cumsum(gs) - gs) // bt).astype(jnp.int32)     # groups are 128-aligned
+    n_chunks = ((gs + bt - 1) // bt).astype(jnp.int32)
+    dy_in = dy_t.T if interp else dy_t  # interpreter: no transpose_ref on wgmma operands
+
+    def body(start_gmem, nch_gmem, x_gmem, sx_gmem, dy_gmem, sdy_gmem, o_gmem):
+        grid_m, grid_n = kdim // block_m, n // block_n
+
+        @plgpu.nd_loop((g, grid_m * grid_n), collective_axes="sm")
+        def mn_loop(loop_info: plgpu.NDLoopInfo):
+            gi = loop_info.index[0]
+            mi, ni = plgpu.planar_snake(loop_info.index[1], (grid_m, grid_n), 1, 1)
+            c0, nc = start_gmem[gi], nch_gmem[gi]
+
+            def step(_, x_smem, dy_smem, sx_smem, sdy_smem, carry):
+                def mma(acc_ref):
+                    plgpu.wgmma(acc_ref, x_smem, dy_smem if interp else plgpu.transpose_ref(dy_smem, (1, 0)))
+                    return acc_ref[...]
+
+                part = pl.run_scoped(mma, plgpu.ACC((block_m, block_n)))
+                row = cast(sx_smem[0], plgpu.Layout.WGMMA.reduce(1))
+                col = cast(sdy_smem[0], plgpu.Layout.WGMMA.reduce(0))
+                return carry + part * (lax.broadcast_in_dim(row, (block_m, block_n), [0])
+                                       * lax.broadcast_in_dim(col, (block_m, block_n), [1]))
+
+            @pl.when(nc > 0)
+            def _():
+                acc = plgpu.emit_pipeline(
+                    step,
+                    grid=(nc,),
+                    in_specs=[
+                        plgpu.BlockSpec((block_m, bt), lambda c: (mi, c0 + c), delay_release=1),
+                        (plgpu.BlockSpec((bt, block_n), lambda c: (c0 + c, ni), delay_release=1) if interp
+                         else plgpu.BlockSpec((block_n, bt), lambda c: (ni, c0 + c), delay_release=1)),
+                        plgpu.BlockSpec((1, block_m), lambda c: (c0 + c, mi)),
+                        plgpu.BlockSpec((1, block_n), lambda c: (c0 + c, ni)),
+                    ],
+                    max_concurrent_steps=max_concurrent_steps,
+                    init_carry=cast(jnp.zeros((block_m, block_n), jnp.float32), plgpu.Layout.WGMMA),
+                )(x_gmem, dy_gmem, sx_gmem, sdy_gmem)
+
+                @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((block_m, block_n), dtype=o_gmem.dtype))
+                def store(o_smem):
+                    o_smem[...] = acc.astype(o_smem.dtype)
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(
+                        o_smem, o_gmem.at[gi, pl.ds(mi * block_m, block_m), pl.ds(ni * block_n, block_n)])
+                    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+    kernel = plgpu.kernel(
+        body, out_type=jax.ShapeDtypeStruct((g, kdim, n), out_dtype), grid=(NUM_SMS,), grid_names=("sm",),
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        **({} if interpret is None else {"interpret": interpret}))
+    out = kernel(chunk_start, n_chunks, x_t, sx, dy_in, sdy)
+    return jnp.where((gs > 0)[:, None, None], out, 0).astype(out_dtype)

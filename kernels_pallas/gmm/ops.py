@@ -91,7 +91,16 @@ def _fwd_gemm(a, w, gs, fmt_pair, impl):
     raise ValueError(fmt_pair)
 
 
+def _no_gpu_kernel(what: str):
+    if jax.default_backend() == "gpu":
+        raise NotImplementedError(
+            f"impl='pallas' has no GPU kernel for {what} yet (only fp8_blockwise has Hopper kernels, "
+            "gmm/hopper.py); use impl='xla' (same quantisation, XLA matmuls)")
+
+
 def _kernel_gmm(lhs_ops, rhs_ops, gs, kind, m, k, n, impl):
+    if impl == "pallas":
+        _no_gpu_kernel(f"the '{kind}' grouped matmul")
     mp = -(-m // _TM) * _TM if m > _TM else m
     if mp != m:
         lhs_ops = tuple(_pad_axis(o, 0, _TM) for o in lhs_ops)
@@ -111,6 +120,8 @@ def _wgrad_gemm(x, dy, gs, family, impl):
         x, dy = x.astype(dt), dy.astype(dt)
         if impl == "xla":
             return tgmm_ref(x, dy, gs)
+        if impl == "pallas":
+            _no_gpu_kernel("the plain wgrad")
         mp = -(-m // _TM) * _TM if m > _TM else m
         return pallas_gmm.tgmm((_pad_axis(x, 0, _TM),), (_pad_axis(dy, 0, _TM),), gs, kind="plain",
                                m=mp, k=k, n=n, tm=_TM, tk=min(k, 128), tn=min(n, 128),
@@ -124,6 +135,11 @@ def _wgrad_gemm(x, dy, gs, family, impl):
     if impl == "xla":
         return tgmm_ref(qref.dequantize(qx), qref.dequantize(qd), pgs)
     kind = "fp8bw" if family == "fp8bw" else "mx"
+    if impl == "pallas" and kind == "fp8bw" and jax.default_backend() == "gpu":
+        from kernels_pallas.gmm.hopper import fp8_blockwise_tgmm_hopper  # transposed FP8 copies
+        return fp8_blockwise_tgmm_hopper(_e4m3(qx.data.T), qx.scales, _e4m3(qd.data.T), qd.scales, pgs)
+    if impl == "pallas":
+        _no_gpu_kernel(f"the '{kind}' wgrad")
     return pallas_gmm.tgmm((_e4m3(qx.data), qx.scales), (_e4m3(qd.data), qd.scales), pgs, kind=kind,
                            m=xp.shape[0], k=k, n=n, tm=tm, tk=min(k, 128), tn=min(n, 128),
                            interpret=impl == "interpret")

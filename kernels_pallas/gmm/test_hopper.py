@@ -33,3 +33,26 @@ def test_hopper_fp8_blockwise_gmm_in_gpu_interpreter():
     err = np.abs(np.asarray(y) - ref)
     assert (err <= bound + 1e-30).all(), err.max()
     assert (np.asarray(y)[110:] == 0).all()
+
+
+def test_hopper_fp8_blockwise_wgrad_in_gpu_interpreter():
+    from kernels_pallas.gmm import groups
+    from kernels_pallas.gmm.hopper import fp8_blockwise_tgmm_hopper
+    from kernels_pallas.gmm.reference import tgmm_ref
+
+    x = jax.random.normal(jax.random.key(0), (128, 128))
+    dy = jax.random.normal(jax.random.key(1), (128, 128))
+    gs = jnp.array([40, 0, 70], jnp.int32)
+    xp, pgs, _ = groups.pad_groups(x, gs, 128)
+    dp, _, _ = groups.pad_groups(dy, gs, 128)
+    qx, qd = qref.quantize(xp, "fp8_blockwise", 0), qref.quantize(dp, "fp8_blockwise", 0)
+    e4 = lambda c: jax.lax.bitcast_convert_type(c, jnp.float8_e4m3fn)
+    dw = fp8_blockwise_tgmm_hopper(e4(qx.data.T), qx.scales, e4(qd.data.T), qd.scales, pgs,
+                                   interpret=interp.InterpretGPUParams())
+    dx, dd = qref.dequantize(qx), qref.dequantize(qd)
+    ref = np.asarray(tgmm_ref(dx, dd, pgs))
+    kk = 128 + 2 * 128
+    bound = 4 * (kk + 3 * kk / 128 + 2) * 2.0 ** -24 * np.asarray(tgmm_ref(jnp.abs(dx), jnp.abs(dd), pgs))
+    err = np.abs(np.asarray(dw) - ref)
+    assert (err <= bound + 1e-30).all(), err.max()
+    assert (np.asarray(dw)[1] == 0).all()
