@@ -203,3 +203,21 @@ def test_real_pipeline_kill_9_resume_is_bit_exact(data, tmp_path):
     got = {r["step"]: r["loss"] for r in read_jsonl(str(cut / "cpt" / "train.jsonl"))}
     assert got == want
     shutil.rmtree(str(cut), ignore_errors=True)
+
+
+def test_init_from_hf_directory_round_trips_and_rejects_a_mismatched_model(tmp_path):
+    import jax
+
+    from c2jax.model import init
+    from c2jax.model.config import preset
+    from c2jax.model.hf_io import save_pretrained
+    from c2jax.train.pretrain import init_params
+
+    cfg = preset("tiny").replace(num_layers=2, vocab_size=128)
+    params = init(cfg, jax.random.PRNGKey(3))
+    save_pretrained(params, cfg, str(tmp_path / "hf"))
+    got = init_params(f"hf:{tmp_path / 'hf'}", cfg, 0)
+    for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(got)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ConfigError, match="train.init_from"):
+        init_params(f"hf:{tmp_path / 'hf'}", cfg.replace(vocab_size=256), 0)
