@@ -123,12 +123,10 @@ def test_muon_dimension_numbers_follow_logical_axes_of_the_real_param_tree():
     assert float(jnp.abs(upd["moe_layers"]["moe"]["experts"]["down_proj"]).max()) > 0.0
 
 
-def test_real_tiny_model_trains_and_bias_rule_matches_model_update_router_bias():
+def test_bias_rule_matches_model_update_router_bias():
     from c2jax.model import init, update_router_bias
     from c2jax.model.config import preset
-    from c2jax.model.params_spec import logical_axes, trainable_mask
     from c2jax.train.step import aux_free_bias_update
-    from c2jax.train.pretrain import model_apply_fn
 
     cfg = preset("tiny").replace(vocab_size=64, num_layers=2, max_position_embeddings=64)
     params = init(cfg, jax.random.PRNGKey(0))
@@ -137,6 +135,18 @@ def test_real_tiny_model_trains_and_bias_rule_matches_model_update_router_bias()
     b = update_router_bias(params, counts, 0.01)
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.slow
+def test_real_tiny_model_trains_with_mtp_distillation_and_balances_mtp_routers():
+    """(The default suite trains the real model end to end in tests/test_train_pretrain.py.)"""
+    from c2jax.model import init
+    from c2jax.model.config import preset
+    from c2jax.model.params_spec import logical_axes, trainable_mask
+    from c2jax.train.pretrain import model_apply_fn
+
+    cfg = preset("tiny").replace(vocab_size=64, num_layers=2, max_position_embeddings=64)
+    params = init(cfg, jax.random.PRNGKey(0))
     sched = optim.make_schedule({"name": "constant", "peak_lr": 3e-3}, 10)
     tx = optim.make_optimizer({"name": "adamw"}, sched, params, trainable=trainable_mask(cfg), axes=logical_axes(cfg))
     state = TrainState.create(params, tx)
