@@ -258,3 +258,17 @@ def test_close_during_exec_and_infrastructure_failures(repo_env):
     assert "died" in str(e.value)
     sb2.close()
     assert_no_leftovers(sb2)
+
+
+def test_shell_session_survives_large_cumulative_output(repo_env):
+    """The shell streams: many runs with output past the limit keep working (no 1 MiB ceiling per
+    session), each run is truncated on its own, and UTF-8 split across reads stays intact."""
+    _, env = repo_env
+    with start(env, output_bytes=64 << 10) as sb:
+        sh = sb.shell()
+        for _ in range(4):
+            r = sh.run("head -c 200000 /dev/zero | tr '\\0' a; echo", timeout=30)
+            assert r.stdout_truncated and len(r.stdout) == 64 << 10 and r.exit_code == 0
+        r = sh.run("python -c \"print('é' * 20000)\"", timeout=30)
+        assert r.stdout == "é" * 20000 + "\n" and not r.stdout_truncated
+        assert sh.run("echo ok").stdout == "ok\n"

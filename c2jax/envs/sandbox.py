@@ -36,7 +36,9 @@ truncation and resource usage are the host's own observations.
 from __future__ import annotations
 
 import atexit
+import codecs
 import dataclasses
+import heapq
 import itertools
 import json
 import os
@@ -191,9 +193,7 @@ class Sandbox:
         except BaseException:
             self._teardown()
             raise
-        self._timer = threading.Timer(limits.lifetime_s, self._expire)
-        self._timer.daemon = True
-        self._timer.start()
+        _deadlines.add(time.monotonic() + limits.lifetime_s, self)
         _live.add(self)
 
     # ---- launch and teardown ------------------------------------------------------------------
@@ -400,7 +400,6 @@ class Sandbox:
             if self._closed:
                 return
             self._closed = True
-        self._timer.cancel()
         self._teardown(wait)
         _live.discard(self)
 
@@ -544,6 +543,40 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r}, env={self.env_id!r}, alive={self.alive})"
+
+
+class _Deadlines:
+    """One daemon thread enforcing every sandbox's lifetime (a heap of deadlines, weak refs)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.heap: list[tuple[float, int, weakref.ref]] = []
+        self.seq = itertools.count()
+        self.thread: threading.Thread | None = None
+
+    def add(self, deadline: float, sb: "Sandbox") -> None:
+        with self.cond:
+            heapq.heappush(self.heap, (deadline, next(self.seq), weakref.ref(sb)))
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, daemon=True, name="c2jax-lifetimes")
+                self.thread.start()
+            self.cond.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.heap or self.heap[0][0] > time.monotonic():
+                    self.cond.wait(None if not self.heap else self.heap[0][0] - time.monotonic())
+                _, _, ref = heapq.heappop(self.heap)
+            sb = ref()
+            if sb is not None and not sb._closed:
+                try:
+                    sb._expire()
+                except Exception:  # noqa: BLE001 - never let one sandbox stop the thread
+                    pass
+
+
+_deadlines = _Deadlines()
 
 
 class _Spawner:
@@ -740,6 +773,7 @@ class _Run:
         self.cond = threading.Condition()
         self.done = False
         self.stdin_fd: int | None = None
+        self.consume = False  # set by Process.read(consume=True) users such as ShellSession
         os.mkdir(self.dir)
         script = _command_script(cmd, env, cwd, lim)
         with open(os.path.join(self.dir, "cmd"), "w") as f:
@@ -837,11 +871,13 @@ class _Run:
                 return True
             if not chunk:
                 return False
-            self.total += len(chunk)
             buf = self.out if name == "out" else self.err
-            room = lim.output_bytes - len(buf)
-            if room > 0:
-                with self.cond:
+            with self.cond:
+                self.total += len(chunk)
+                # Consume mode (streams read by the caller): the limit bounds the unread backlog.
+                used = len(buf) - (self.read_pos[0 if name == "out" else 1] if self.consume else 0)
+                room = lim.output_bytes - used
+                if room > 0:
                     buf += chunk[:room]
                     self.cond.notify_all()
             if len(chunk) > max(room, 0):
@@ -1002,6 +1038,9 @@ class Process:
 
     def __init__(self, run: _Run) -> None:
         self._run = run
+        # Incremental decoders: a UTF-8 character split across two reads is not mangled.
+        self._dec = (codecs.getincrementaldecoder("utf-8")("replace"),
+                     codecs.getincrementaldecoder("utf-8")("replace"))
 
     @property
     def pid(self) -> int | None:
@@ -1009,14 +1048,31 @@ class Process:
         return self._run.inner_pid
 
     def read(self, timeout: float = 0.0) -> tuple[str, str]:
-        """New stdout/stderr since the last read; waits up to `timeout` s for something new."""
+        """New stdout/stderr since the last read; waits up to `timeout` s for something new.
+
+        Output is kept up to `Limits.output_bytes` per stream for the process's whole life (so
+        `wait()` can return it) unless `stream_only()` was called, after which the limit bounds
+        only what has not been read yet: a long-lived process can then stream without end.
+        """
         r = self._run
         with r.cond:
             r.cond.wait_for(lambda: len(r.out) > r.read_pos[0] or len(r.err) > r.read_pos[1] or r.done,
                             timeout)
             out, err = bytes(r.out[r.read_pos[0]:]), bytes(r.err[r.read_pos[1]:])
-            r.read_pos = [len(r.out), len(r.err)]
-        return out.decode(errors="replace"), err.decode(errors="replace")
+            if r.consume:
+                del r.out[:], r.err[:]
+                r.read_pos = [0, 0]
+                r.total = 0
+            else:
+                r.read_pos = [len(r.out), len(r.err)]
+        return self._dec[0].decode(out), self._dec[1].decode(err)
+
+    def stream_only(self) -> "Process":
+        """Drop output once read (bounded memory for endless streams; `wait()` then returns only
+        the unread rest)."""
+        with self._run.cond:
+            self._run.consume = True
+        return self
 
     def stream(self, poll_s: float = 0.1) -> Iterator[tuple[str, str]]:
         """Yield (stdout, stderr) chunks until the command ends."""
@@ -1059,11 +1115,12 @@ class ShellSession:
         self.sb = sb
         self.proc: Process | None = None
         self._buf = ""
+        self._truncated = False
 
     def _ensure(self) -> Process:
         if self.proc is None or self.proc.poll() is not None:
             self.proc = self.sb.exec(["/bin/bash", "--noprofile", "--norc"], background=True,
-                                     env={"PS1": "", "PS2": ""})
+                                     env={"PS1": "", "PS2": ""}).stream_only()
             self._buf = ""
         return self.proc
 
@@ -1084,7 +1141,8 @@ class ShellSession:
                 rc = int(out[idx + len(marker) + 2:end])
                 self._buf = out[end + 1:]
                 text = out[:idx]
-                truncated = len(text) > self.sb.limits.output_bytes
+                truncated = self._truncated or len(text) > self.sb.limits.output_bytes
+                self._truncated = False
                 return ExecResult(rc, text[: self.sb.limits.output_bytes], "", truncated, False,
                                   time.monotonic() - t0, {}, killed)
             if proc.poll() is not None:
@@ -1093,6 +1151,10 @@ class ShellSession:
                     if killed is None and self.sb.alive else SandboxClosed("sandbox closed")
             chunk, _ = proc.read(0.05)
             out += chunk
+            limit = self.sb.limits.output_bytes
+            if len(out) > limit + 8192:  # keep the head (returned) and a tail (holds the marker)
+                out = out[:limit] + out[-8192:]
+                self._truncated = True
             elapsed = time.monotonic() - t0
             if elapsed > timeout and killed is None:
                 killed = "timeout"
