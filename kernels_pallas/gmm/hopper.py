@@ -1,4 +1,5 @@
-"""Hopper (sm_90) FP8-blockwise grouped matmul in Pallas Mosaic GPU (wgmma), DeepSeek-V3 recipe.
+"""Hopper (sm_90) scaled-FP8 grouped matmuls in Pallas Mosaic GPU (wgmma): the DeepSeek-V3
+FP8-blockwise recipe (promotion every 128) and MXFP8 (one K=32 wgmma per block, then promotion).
 
 out[m] = sum over 128-wide K chunks c of (A[m, c] @ W[g(m)][c, :]) * sa[m, c] * sw[g, c, n/128]
 
@@ -39,11 +40,31 @@ def fp8_blockwise_gmm_hopper(a, sa, w_t, sw, group_sizes, *, block_m: int = 64, 
     """a (M, K) e4m3, sa (M, K/128) f32, w_t (G, N, K) e4m3 [transposed copy], sw (G, K/128, N/128)
     f32, group_sizes (G,) int32 -> (M, N) out_dtype. Rows past sum(group_sizes) are zero.
     `interpret`: None (compile for the GPU) or an `InterpretGPUParams` (CPU interpreter)."""
+    return scaled_gmm_hopper(a, sa, w_t, jnp.repeat(sw, 128, axis=2), group_sizes, block_k=128,
+                             block_m=block_m, block_n=block_n, max_concurrent_steps=max_concurrent_steps,
+                             out_dtype=out_dtype, interpret=interpret)
+
+
+def mxfp8_gmm_hopper(a, sa_e8m0, w_t, sw_e8m0, group_sizes, **kw) -> jax.Array:
+    """MXFP8 grouped matmul: a (M, K) e4m3 with E8M0 bytes (M, K/32); w_t (G, N, K) e4m3 [K-major
+    copy] with E8M0 bytes (G, K/32, N) (blocks of 32 along K). One K=32 FP8 wgmma per MX block into
+    a fresh accumulator, promoted with 2^(sa-127) * 2^(sw-127): exact block-scaled semantics up to
+    the tensor core's accumulation of 32 exact FP8 products (the alternative, dequantising to BF16
+    for BF16 wgmma, is not written)."""
+    from kernels_pallas import bits
+    return scaled_gmm_hopper(a, bits.pow2_from_e8m0(sa_e8m0), w_t, bits.pow2_from_e8m0(sw_e8m0),
+                             group_sizes, block_k=32, **kw)
+
+
+def scaled_gmm_hopper(a, sa, w_t, sw_cols, group_sizes, *, block_k: int, block_m: int = 64,
+                      block_n: int = 128, max_concurrent_steps: int = 2, out_dtype=jnp.float32,
+                      interpret=None) -> jax.Array:
+    """Shared kernel: a (M, K) e4m3, sa (M, K/block_k) f32 row scales, w_t (G, N, K) e4m3,
+    sw_cols (G, K/block_k, N) f32 column scales; each block_k chunk is promoted separately."""
     m, k = a.shape
     g, n, k2 = w_t.shape
-    block_k = 128
-    if k != k2 or k % block_k or n % block_n or block_n % 128:
-        raise ValueError(f"need K ({k}) == {k2}, K % 128 == 0, N ({n}) % block_n ({block_n}) == 0")
+    if k != k2 or k % block_k or n % block_n:
+        raise ValueError(f"need K ({k}) == {k2}, K % {block_k} == 0, N ({n}) % block_n ({block_n}) == 0")
     if a.dtype != jnp.float8_e4m3fn or w_t.dtype != jnp.float8_e4m3fn:
         raise TypeError("FP8 wgmma needs both operands float8_e4m3fn")
     # layout hints for the Mosaic GPU compiler; the interpreter has no lowering for them (identity)
@@ -52,8 +73,7 @@ def fp8_blockwise_gmm_hopper(a, sa, w_t, sw, group_sizes, *, block_m: int = 64, 
     # The interpreter's wgmma cannot apply `transpose_ref`; there (only) the weight is fed in its
     # (K, N) layout. On the GPU the K-major transposed FP8 copy is required.
     w_in = jnp.swapaxes(w_t, 1, 2) if interp else w_t
-    sa_t = sa.T                                                     # (K/128, M): contiguous row blocks
-    sw_cols = jnp.repeat(sw, 128, axis=2)                           # (G, K/128, N) per-column scales
+    sa_t = sa.T                                                     # (K/block_k, M): contiguous rows
 
     def body(sizes_gmem, a_gmem, sa_gmem, w_gmem, sw_gmem, o_gmem):
         grid_m = pl.cdiv(m, block_m) + g - 1
@@ -118,29 +138,41 @@ def fp8_blockwise_gmm_hopper(a, sa, w_t, sw, group_sizes, *, block_m: int = 64, 
     return jnp.where(rows < jnp.sum(group_sizes), out, 0).astype(out_dtype)
 
 
-def fp8_blockwise_tgmm_hopper(x_t, sx, dy_t, sdy, group_sizes, *, block_m: int = 64, block_n: int = 128,
-                              max_concurrent_steps: int = 2, out_dtype=jnp.float32,
-                              interpret=None) -> jax.Array:
-    """FP8-blockwise wgrad: out[g] = sum over the 128-token chunks c of group g of
+def fp8_blockwise_tgmm_hopper(x_t, sx, dy_t, sdy, group_sizes, **kw) -> jax.Array:
+    """FP8-blockwise wgrad (128x1 token tiles); see `scaled_tgmm_hopper`."""
+    return scaled_tgmm_hopper(x_t, sx, dy_t, sdy, group_sizes, block_t=128, **kw)
+
+
+def mxfp8_tgmm_hopper(x_t, sx_e8m0, dy_t, sdy_e8m0, group_sizes, **kw) -> jax.Array:
+    """MXFP8 wgrad: blocks of 32 tokens (groups padded to 32), E8M0 scales (Mp/32, K) / (Mp/32, N)."""
+    from kernels_pallas import bits
+    return scaled_tgmm_hopper(x_t, bits.pow2_from_e8m0(sx_e8m0), dy_t, bits.pow2_from_e8m0(sdy_e8m0),
+                              group_sizes, block_t=32, **kw)
+
+
+def scaled_tgmm_hopper(x_t, sx, dy_t, sdy, group_sizes, *, block_t: int, block_m: int = 64,
+                       block_n: int = 128, max_concurrent_steps: int = 2, out_dtype=jnp.float32,
+                       interpret=None) -> jax.Array:
+    """Scaled FP8 wgrad: out[g] = sum over the block_t-token chunks c of group g of
     (X_c^T @ dY_c) * sx[c, :, None] * sdy[c, None, :]  -> (G, K, N).
 
     Operands are the explicitly transposed FP8 copies wgmma needs (tokens contiguous = K-major for
-    this GEMM): x_t (K, Mp) e4m3 with 128x1 scales sx (Mp/128, K); dy_t (N, Mp) e4m3 with scales
-    sdy (Mp/128, N). Groups must start at multiples of 128 tokens with zero rows in between
-    (`groups.pad_groups(..., 128)`), so no mask is needed and each chunk is promoted into the FP32
+    this GEMM): x_t (K, Mp) e4m3 with scales sx (Mp/block_t, K); dy_t (N, Mp) e4m3 with scales
+    sdy (Mp/block_t, N). Groups must start at multiples of block_t tokens with zero rows in between
+    (`groups.pad_groups(..., block_t)`), so no mask is needed and each chunk is promoted into the FP32
     carry with its two scale vectors. Same test status as `fp8_blockwise_gmm_hopper`.
     """
     kdim, mp = x_t.shape
     n, mp2 = dy_t.shape
     g = group_sizes.shape[0]
-    bt = 128
+    bt = block_t
     if mp != mp2 or mp % bt or kdim % block_m or n % block_n:
-        raise ValueError(f"need Mp ({mp}) == {mp2}, Mp % 128 == 0, K ({kdim}) % {block_m} == 0, "
+        raise ValueError(f"need Mp ({mp}) == {mp2}, Mp % {bt} == 0, K ({kdim}) % {block_m} == 0, "
                          f"N ({n}) % {block_n} == 0")
     interp = interpret is not None
     cast = (lambda x, lay: x) if interp else plgpu.layout_cast
     gs = group_sizes.astype(jnp.int32)
-    chunk_start = ((jnp.cumsum(gs) - gs) // bt).astype(jnp.int32)     # groups are 128-aligned
+    chunk_start = ((jnp.cumsum(gs) - gs) // bt).astype(jnp.int32)     # groups are block_t-aligned
     n_chunks = ((gs + bt - 1) // bt).astype(jnp.int32)
     dy_in = dy_t.T if interp else dy_t  # interpreter: no transpose_ref on wgmma operands
 

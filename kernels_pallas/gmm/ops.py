@@ -79,6 +79,10 @@ def _fwd_gemm(a, w, gs, fmt_pair, impl):
         qw = _q(w, "mxfp8_e4m3", 1)
         if impl == "xla":
             return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+        if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper wgmma kernel (hopper.py)
+            from kernels_pallas.gmm.hopper import mxfp8_gmm_hopper
+            return mxfp8_gmm_hopper(_e4m3(qa.data), qa.scales, _e4m3(jnp.swapaxes(qw.data, 1, 2)),
+                                    qw.scales, gs)
         return _kernel_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "mx",
                            m, k, n, impl)
     if fmt_pair == "nvfp4":
@@ -94,8 +98,8 @@ def _fwd_gemm(a, w, gs, fmt_pair, impl):
 def _no_gpu_kernel(what: str):
     if jax.default_backend() == "gpu":
         raise NotImplementedError(
-            f"impl='pallas' has no GPU kernel for {what} yet (only fp8_blockwise has Hopper kernels, "
-            "gmm/hopper.py); use impl='xla' (same quantisation, XLA matmuls)")
+            f"impl='pallas' has no GPU kernel for {what} yet (Hopper kernels exist for the "
+            "fp8_blockwise and MXFP8 GEMMs only, gmm/hopper.py); use impl='xla'")
 
 
 def _kernel_gmm(lhs_ops, rhs_ops, gs, kind, m, k, n, impl):
@@ -135,9 +139,10 @@ def _wgrad_gemm(x, dy, gs, family, impl):
     if impl == "xla":
         return tgmm_ref(qref.dequantize(qx), qref.dequantize(qd), pgs)
     kind = "fp8bw" if family == "fp8bw" else "mx"
-    if impl == "pallas" and kind == "fp8bw" and jax.default_backend() == "gpu":
-        from kernels_pallas.gmm.hopper import fp8_blockwise_tgmm_hopper  # transposed FP8 copies
-        return fp8_blockwise_tgmm_hopper(_e4m3(qx.data.T), qx.scales, _e4m3(qd.data.T), qd.scales, pgs)
+    if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper kernels, transposed FP8 copies
+        from kernels_pallas.gmm import hopper
+        f = hopper.fp8_blockwise_tgmm_hopper if kind == "fp8bw" else hopper.mxfp8_tgmm_hopper
+        return f(_e4m3(qx.data.T), qx.scales, _e4m3(qd.data.T), qd.scales, pgs)
     if impl == "pallas":
         _no_gpu_kernel(f"the '{kind}' wgrad")
     return pallas_gmm.tgmm((_e4m3(qx.data), qx.scales), (_e4m3(qd.data), qd.scales), pgs, kind=kind,
