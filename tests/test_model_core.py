@@ -11,6 +11,7 @@ import pytest
 
 from c2jax.model.cache import init_cache
 from c2jax.model.config import count_active_params, count_params, preset
+from c2jax.model import moe_impls
 from c2jax.model.moe_impls import MOE_IMPLS, capacity
 from c2jax.model.moe_router import (route, sequence_balance_loss, update_router_bias)
 from c2jax.model.params_spec import ParamSpec, param_specs
@@ -113,15 +114,17 @@ def test_dropless_and_capacity_agree_when_capacity_is_ample(tiny, tiny_out):
     assert np.abs(np.asarray(out_t["logits"]) - np.asarray(tiny_out["logits"])).max() > 1e-3
 
 
-def test_moe_impls_match_dense_reference():
-    """Both implementations against a dense per-token loop (no dropping)."""
+def test_moe_impls_match_dense_reference(monkeypatch):
+    """Both implementations (and both lowerings of dropless) against a dense per-token loop,
+    with skewed routing so expert groups have very different sizes."""
     rng = np.random.default_rng(0)
     n, d, f, e, k = 24, 8, 6, 4, 2
     p = {"gate_proj": rng.normal(size=(e, d, f)), "up_proj": rng.normal(size=(e, d, f)),
          "down_proj": rng.normal(size=(e, f, d))}
     p = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), p)
     x = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
-    idx = jnp.asarray(np.stack([rng.choice(e, k, replace=False) for _ in range(n)]), jnp.int32)
+    skew = np.array([0.6, 0.25, 0.1, 0.05])
+    idx = jnp.asarray(np.stack([rng.choice(e, k, replace=False, p=skew) for _ in range(n)]), jnp.int32)
     w = jnp.asarray(rng.uniform(size=(n, k)), jnp.float32)
     ref = np.zeros((n, d))
     for t, j in itertools.product(range(n), range(k)):
@@ -129,9 +132,10 @@ def test_moe_impls_match_dense_reference():
         h = jax.nn.silu(x[t] @ p["gate_proj"][ei]) * (x[t] @ p["up_proj"][ei])
         ref[t] += float(w[t, j]) * np.asarray(h @ p["down_proj"][ei])
     m = preset("tiny").moe.__class__(n_routed_experts=e, top_k=k, capacity_factor=e / k)
-    for name in ("dropless", "capacity"):
+    for name, lowering in (("dropless", "ragged"), ("dropless", "tiled"), ("capacity", None)):
+        monkeypatch.setattr(moe_impls, "DROPLESS_LOWERING", lowering or "auto")
         y, dropped = MOE_IMPLS.get(name)(p, x, idx, w, m)
-        np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-4, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-4, atol=1e-4, err_msg=f"{name} {lowering}")
         assert float(dropped) == 0.0
     with pytest.raises(KeyError, match="unknown moe_impl"):
         MOE_IMPLS.get("nope")

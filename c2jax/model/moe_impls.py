@@ -7,8 +7,11 @@ where ``p_experts`` is the ``moe/experts`` params ({gate_proj, up_proj} [E, D, F
 (token, slot) assignments that were not computed (always 0 for dropless implementations).
 
 * ``dropless`` (reference; parity tests and decode): sort the N*k assignments by expert and run
-  `jax.lax.ragged_dot` over the contiguous groups. Exact, but on CPU ragged_dot costs about as
-  much as running every expert on every token.
+  the grouped SwiGLU over the contiguous groups. Exact. Two lowerings (`DROPLESS_LOWERING`):
+  `jax.lax.ragged_dot` (on CPU it costs about as much as running every expert on every token),
+  or "tiled": each group padded to a multiple of a tile, one batched matmul over tiles with
+  per-tile gathered expert weights (at most N*k + E*(tile-1) rows; ~4x faster on CPU for the
+  small preset). 'auto' takes tiled on CPU when the gathered weights stay under 512 MiB.
 * ``capacity`` (training on CPU): each expert gets a fixed buffer of
   ``C = min(N, ceil(capacity_factor * N * k / E))`` rows; assignments are placed by a stable sort
   (all first choices before second choices, earlier tokens first); overflow is dropped (its
@@ -94,10 +97,61 @@ def _swiglu_grouped(p: dict, xs: jax.Array, sizes: jax.Array, precision: str, us
     return expert_matmul(jax.nn.silu(g) * u, p["down_proj"], sizes, precision, use_kernels)
 
 
+# How `dropless` runs its grouped matmuls: 'ragged' (jax.lax.ragged_dot), 'tiled' (see
+# `_tiled_swiglu`) or 'auto' (tiled on CPU when its gathered weights stay small, else ragged).
+DROPLESS_LOWERING = "auto"
+_TILED_MAX_BYTES = 1 << 29  # gathered per-tile weights of one layer (all three matrices)
+
+
+def _tile_rows(n_assign: int, n_experts: int) -> int:
+    """Rows per tile: 128, or less when experts get few assignments (multiple of 8)."""
+    per = -(-n_assign // n_experts)
+    return int(min(128, max(8, -(-per // 8) * 8)))
+
+
+def _tiled_swiglu(p: dict, x: jax.Array, order, token, sizes, inverse, n_experts: int, precision: str):
+    """Exact grouped SwiGLU without ragged_dot: each expert's sorted rows are padded to a multiple
+    of a tile, every tile belongs to one expert, and the tiles run as one batched matmul against
+    per-tile gathered weights. Rows computed <= N*k + E*(tile-1) (vs ~E*N*k for ragged_dot on CPU).
+    Returns expert outputs in sorted-assignment order [N*k, D]."""
+    a = order.shape[0]
+    n, d = x.shape
+    tile = _tile_rows(a, n_experts)
+    n_tiles = -(-a // tile) + n_experts  # static bound on padded tiles
+    padded = (sizes + tile - 1) // tile * tile  # [E]
+    pend = jnp.cumsum(padded)
+    pstart = pend - padded
+    gstart = jnp.cumsum(sizes) - sizes
+    sorted_e = jnp.repeat(jnp.arange(n_experts, dtype=jnp.int32), sizes, total_repeat_length=a)
+    row = pstart[sorted_e] + jnp.arange(a, dtype=jnp.int32) - gstart[sorted_e]  # padded row per sorted assignment
+    row_token = jnp.full((n_tiles * tile,), n, jnp.int32).at[row].set(token.astype(jnp.int32))
+    tile_expert = jnp.minimum(jnp.searchsorted(pend, jnp.arange(n_tiles, dtype=pend.dtype) * tile, side="right"),
+                              n_experts - 1)
+    x_pad = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)], axis=0)
+    buf = x_pad[row_token].reshape(n_tiles, tile, d)
+    g = batched_expert_matmul(buf, p["gate_proj"][tile_expert], precision)
+    u = batched_expert_matmul(buf, p["up_proj"][tile_expert], precision)
+    out = batched_expert_matmul(jax.nn.silu(g) * u, p["down_proj"][tile_expert], precision)
+    return out.reshape(n_tiles * tile, d)[row]
+
+
+def _use_tiled(p: dict, n_assign: int, n_experts: int, precision: str) -> bool:
+    if DROPLESS_LOWERING != "auto":
+        return DROPLESS_LOWERING == "tiled"
+    if precision not in _XLA_PRECISIONS or jax.default_backend() != "cpu":
+        return False
+    n_tiles = -(-n_assign // _tile_rows(n_assign, n_experts)) + n_experts
+    per_tile = sum(int(math.prod(p[k].shape[1:])) * p[k].dtype.itemsize for k in ("gate_proj", "up_proj", "down_proj"))
+    return n_tiles * per_tile <= _TILED_MAX_BYTES
+
+
 def _dropless(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConfig, use_kernels: bool):
     n, k = idx.shape
     _, order, token, sizes, inverse = _sort_assignments(idx, m.n_routed_experts)
-    ys = _swiglu_grouped(p, x[token], sizes, m.precision, use_kernels)  # [k*N, D] sorted
+    if not use_kernels and _use_tiled(p, n * k, m.n_routed_experts, m.precision):
+        ys = _tiled_swiglu(p, x, order, token, sizes, inverse, m.n_routed_experts, m.precision)
+    else:
+        ys = _swiglu_grouped(p, x[token], sizes, m.precision, use_kernels)  # [k*N, D] sorted
     y = ys[inverse].reshape(k, n, -1)  # back to assignment order, [k, N, D]
     y = jnp.sum(y * w.T.astype(y.dtype)[:, :, None], axis=0)  # weighted sum over the k slots
     return y, jnp.zeros((), jnp.float32)
