@@ -108,7 +108,7 @@ def edit_diff_example(doc: Document, lines: list[str], qual: str, fn, max_file_c
         if len(shown) > max_file_chars:
             return None
         where = f"lines {a + 1}-{b} of `{doc.path}`"
-    summary = (ast.get_docstring(fn) or "").strip().splitlines()[0]
+    summary = next((ln.strip() for ln in (ast.get_docstring(fn) or "").splitlines() if ln.strip()), "see its docstring")
     user = (f"Here are {where} from {doc.package}:\n\n```python\n{shown}```\n\n"
             f"`{qual}` is a stub. Implement it ({summary}). Answer with a unified diff against the file.")
     return Document(_chat(user, diff), "sft_synth", doc.package, f"{doc.path}::{qual}#edit_diff", doc.licence,
