@@ -21,6 +21,7 @@ from c2jax.registry import Registry
 # Section name -> module that registers its validator (imported lazily by `validate`).
 SECTION_MODULES: dict[str, str] = {
     "model": "c2jax.model.config",
+    "sampling": "c2jax.sampling.config",
     "envs": "c2jax.envs.limits",
     "train": "c2jax.train.pretrain_config",
     "cpt": "c2jax.train.pretrain_config",

@@ -187,3 +187,23 @@ def test_stream_submit_and_async(params):
         assert list(b.tokens) == list(done["1"].tokens) and list(a.tokens) == list(done["0"].tokens)
     finally:
         eng.shutdown()
+
+
+def test_config_section_validated_and_builds_engine(params):
+    import ml_collections
+    from c2jax.config import ConfigError, validate
+    from c2jax.sampling.config import engine_from_config, sampling_config_dict
+
+    cfg = ml_collections.ConfigDict({"model": CFG.to_config_dict(),
+                                     "sampling": sampling_config_dict(max_slots=2, max_len=64)})
+    validate(cfg)
+    eng = engine_from_config(cfg, params)
+    assert eng.config.max_slots == 2 and eng.run_cfg.moe.precision == CFG.moe.precision
+    bad = ml_collections.ConfigDict({"model": CFG.replace(mtp_depth=0).to_config_dict(),
+                                     "sampling": sampling_config_dict(max_slots=0, prefill_chunk=24,
+                                                                      moe_impl="capacity", spec_decode=True)})
+    with pytest.raises(ConfigError) as e:
+        validate(bad)
+    msg = str(e.value)
+    for key in ("sampling.max_slots", "sampling.prefill_chunk", "sampling.moe_impl", "sampling.spec_decode"):
+        assert key in msg, msg
