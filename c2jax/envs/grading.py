@@ -363,6 +363,8 @@ def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: fl
         return GradeResult(0.0, False, 0.0, 0, True, ["infra:sandbox"], duration_s=time.monotonic() - t0,
                            detail=str(e)[:2000])
     result = _score(task, run)
+    if diff == task.patch and result.resolved:
+        _gold_cache[(task.instance_id, task.env_id)] = run
     if check_gold and not result.resolved and not result.tampered and diff != task.patch:
         key = (task.instance_id, task.env_id)
         gold = _gold_cache.get(key)

@@ -51,7 +51,7 @@ for top in ("/",):
                 continue
             if strict and any(fnmatch.fnmatch(name, g) for g in bad_globs):
                 hits.append([p, "sdist" if name.endswith((".tar.gz", ".tgz", ".zip", ".whl", ".tar.bz2")) else "cache"])
-            if name.endswith(".pyc") and os.path.basename(d) == "__pycache__":
+            if name.endswith(".pyc") and os.path.basename(d) == "__pycache__" and st.st_size > 0:
                 stem = name.split(".")[0]
                 parent = os.path.dirname(d)
                 for s, suffix in pyc:
