@@ -35,6 +35,14 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process plus its waited-for children (bwrap and everything it reaped)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def ms(x: float) -> str:
     return f"{1000 * x:7.1f} ms"
 
@@ -48,6 +56,7 @@ def bench_latency(env: str, n: int) -> dict:
     for wait in (True, False):
         start(env).close()  # warm caches
         xs = []
+        cpu0 = cpu_seconds()
         for _ in range(n):
             t0 = time.perf_counter()
             sb = start(env)
@@ -57,6 +66,7 @@ def bench_latency(env: str, n: int) -> dict:
             assert r.exit_code == 0
         flush_cleanup()
         out[f"close(wait={wait})"] = xs
+        out[f"cpu per sandbox, close(wait={wait})"] = (cpu_seconds() - cpu0) / n
     bw = [bwrap_path(), "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
           "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
           "--proc", "/proc", "--dev", "/dev", "true"]
@@ -195,6 +205,9 @@ def main() -> None:
         lat = bench_latency(env, args.n)
         base = statistics.median(lat["baseline: bare bwrap true"])
         for name, xs in lat.items():
+            if name.startswith("cpu"):
+                print(f"   {name:28s} {ms(xs)}  (host + sandbox CPU time; load-independent work)")
+                continue
             med = statistics.median(xs)
             print(f"   {name:28s} median {ms(med)}  p99 {ms(pct(xs, 0.99))}  ({med / base:4.2f}x bare bwrap)")
 

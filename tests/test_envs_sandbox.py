@@ -26,6 +26,9 @@ def test_exec_basics_and_fixed_paths(repo_env):
         r = sb.exec("pwd; echo $FOO", cwd="/workspace/pkg", env={"FOO": "bar baz"})
         assert r.stdout == "/workspace/pkg\nbar baz\n"
         assert sb.exec("python -m pytest --version").exit_code != 0  # host site-packages hidden
+        r = sb.exec("python -c 'import sys; print(sys.path)'; python -c 'import yaml'")
+        assert "dist-packages" not in r.stdout and "site-packages" in r.stdout  # only /env's
+        assert "No module named 'yaml'" in r.stderr or not os.path.isdir("/usr/lib/python3/dist-packages/yaml")
         assert sb.exec("python -c 'import pkg.core as c; print(c.add(2, 3))'").stdout == "5\n"
         assert r.duration_s > 0 and "cpu_s" in r.usage
         # The interpreter's own site-packages are hidden; the venv is read-only.
@@ -272,3 +275,21 @@ def test_shell_session_survives_large_cumulative_output(repo_env):
         r = sh.run("python -c \"print('é' * 20000)\"", timeout=30)
         assert r.stdout == "é" * 20000 + "\n" and not r.stdout_truncated
         assert sh.run("echo ok").stdout == "ok\n"
+
+
+def test_relocatable_interpreter_at_a_fixed_path(repo_env):
+    """A Python outside /usr (here this process's own base install, e.g. pyenv) is bound read-only
+    at /opt/python with its site-packages hidden; the venv at /env uses it."""
+    import sys
+
+    repo, _ = repo_env
+    py = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")
+    if os.path.realpath(py).startswith("/usr/"):
+        pytest.skip("this Python lives under /usr (covered by the system-interpreter tests)")
+    env = build_env(repo, python=py)
+    assert load(env).interpreter.mode == "prefix"
+    with start(env) as sb:
+        r = sb.exec("python -c 'import sys, platform; print(platform.python_version(), sys.prefix, "
+                    "sys.base_prefix)'; python -c 'import pytest'")
+        assert r.stdout.split() == [sys.version.split()[0], "/env", "/opt/python"], r
+        assert "No module named 'pytest'" in r.stderr  # the host install's packages stay hidden
