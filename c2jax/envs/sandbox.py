@@ -844,10 +844,12 @@ class _Run:
         except BlockingIOError:
             return False
         if not chunk:
-            if self.rc is None and self.st_seen_writer:
+            # read() gives EOF both before the reporter opened the FIFO and after it closed it;
+            # only the latter makes the FIFO selectable (POLLHUP), so trust EOF only then.
+            if wait or self.st_ready:
+                self.st_eof = True
                 return True
             return False
-        self.st_seen_writer = True
         self.st_buf += chunk
         while b"\n" in self.st_buf:
             line, self.st_buf = self.st_buf.split(b"\n", 1)
@@ -858,7 +860,8 @@ class _Run:
                 self.rc = int(value)
         return self.rc is not None
 
-    st_seen_writer = False
+    st_ready = False  # select() reported the status FIFO readable in this round
+    st_eof = False
 
     def _drain(self, name: str) -> bool:
         """Read what is available from out/err; False at EOF."""
@@ -907,8 +910,6 @@ class _Run:
         open_streams = {"out", "err"}
         last_check = 0.0
         while True:
-            if self._read_status():
-                break
             now = time.monotonic()
             if sb._dead_reason is not None or (sb._proc.poll() is not None):
                 break
@@ -926,6 +927,10 @@ class _Run:
             for s in list(open_streams):
                 if self.fds[s] in ready and not self._drain(s):
                     open_streams.discard(s)
+            if self.fds["st"] in ready:
+                self.st_ready = True
+                if self._read_status():
+                    break
         for s in open_streams:  # what the command wrote before exiting is already in the pipes
             self._drain(s)
         self._finish()
@@ -937,6 +942,13 @@ class _Run:
             if sb._dead_reason in ("lifetime", "closed"):
                 self.killed = self.killed or sb._dead_reason
                 self.rc = 137
+            elif self.st_eof and sb._proc.poll() is None:
+                # The sandbox lives, but this command's reporter died before reporting (something
+                # in the sandbox killed it): the command's outcome is unknown.
+                self._close_fds()
+                sb._active.discard(self)
+                raise SandboxError(f"sandbox {sb.id}: the executor's reporter for this command was "
+                                   "killed (by a process in the sandbox?); its outcome is unknown")
             else:
                 self._close_fds()
                 sb._active.discard(self)
