@@ -149,6 +149,7 @@ class Engine:
         self._top_p = np.ones((S,), np.float32)
         self._top_k = np.zeros((S,), np.int32)
         self._seed = np.zeros((S,), np.uint32)
+        self._samp_dev: Optional[dict] = None
         self.queue: collections.deque[_Seq] = collections.deque()
         self._tick = 0
         self._n_submitted = 0
@@ -380,6 +381,7 @@ class Engine:
         self.row_reusable[slot] = True
         self._temp[slot], self._top_p[slot], self._top_k[slot] = p.temperature, p.top_p, p.top_k
         self._seed[slot] = seq.seed
+        self._samp_dev = None
         samp = {"temperature": jnp.float32(p.temperature), "top_p": jnp.float32(p.top_p),
                 "top_k": jnp.int32(p.top_k), "seed": jnp.uint32(seq.seed)}
         P = len(seq.prompt)
@@ -417,10 +419,8 @@ class Engine:
         for s, seq in enumerate(self.row_seq):
             if seq is not None:
                 tok[s], active[s], draw[s] = seq.next_tok, True, len(seq.gen)
-        samp = {"temperature": jnp.asarray(self._temp), "top_p": jnp.asarray(self._top_p),
-                "top_k": jnp.asarray(self._top_k), "seed": jnp.asarray(self._seed)}
         self.cache, nxt, lps, lpr, routes = self._steps.decode(
-            self.params, self.cache, jnp.asarray(tok), jnp.asarray(active), samp, jnp.asarray(draw))
+            self.params, self.cache, jnp.asarray(tok), jnp.asarray(active), self._samp_device(), jnp.asarray(draw))
         nxt, lps, lpr, routes = jax.device_get((nxt, lps, lpr, routes))
         self.stats["decode_steps"] += 1
         for s in np.flatnonzero(active):
@@ -430,6 +430,13 @@ class Engine:
                 self._finish(seq, events)
             else:
                 self._append(seq, int(nxt[s]), float(lps[s]), float(lpr[s]), events)
+
+    def _samp_device(self) -> dict:
+        """Per-slot sampling parameters on device (uploaded again only after an admission)."""
+        if self._samp_dev is None:
+            self._samp_dev = {"temperature": jnp.array(self._temp), "top_p": jnp.array(self._top_p),
+                              "top_k": jnp.array(self._top_k), "seed": jnp.array(self._seed)}  # copies
+        return self._samp_dev
 
     def _fed(self, s: int, tok: int, routes: np.ndarray) -> None:
         pos = self.row_len[s]

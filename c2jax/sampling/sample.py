@@ -63,7 +63,6 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     """
     logits = logits.astype(jnp.float32)
     B, V = logits.shape
-    raw_lp = jax.nn.log_softmax(logits, axis=-1)  # [B, V]
     greedy = temperature <= 0.0
     t = jnp.where(greedy, 1.0, temperature)[:, None]
     scaled = logits / t
@@ -73,7 +72,6 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     keep = jax.lax.cond(need_trunc, lambda: truncation_mask(scaled, top_k, top_p),
                         lambda: jnp.ones((B, V), bool))
     masked = jnp.where(keep, scaled, -jnp.inf)
-    samp_lp = jax.nn.log_softmax(masked, axis=-1)  # [B, V]
 
     def draw():
         keys = _row_keys(seeds, draw_index)
@@ -83,7 +81,7 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     drawn = jax.lax.cond(jnp.any(~greedy), draw, lambda: jnp.zeros((B,), jnp.int32))
     best = jnp.argmax(logits, axis=-1)
     tok = jnp.where(greedy, best, drawn).astype(jnp.int32)
-    lp_raw = jnp.take_along_axis(raw_lp, tok[:, None], axis=-1)[:, 0]
-    lp_s = jnp.take_along_axis(samp_lp, tok[:, None], axis=-1)[:, 0]
-    lp_s = jnp.where(greedy, 0.0, lp_s)
+    pick = lambda x: jnp.take_along_axis(x, tok[:, None], axis=-1)[:, 0]  # noqa: E731
+    lp_raw = pick(logits) - jax.nn.logsumexp(logits, axis=-1)
+    lp_s = jnp.where(greedy, 0.0, pick(masked) - jax.nn.logsumexp(masked, axis=-1))
     return tok, lp_s, lp_raw

@@ -181,8 +181,7 @@ class SpecDecoder:
                 d = self.draft_override(seq, L + 1)
                 if d is not None:
                     self.draft[s] = d
-        samp = {"temperature": jnp.asarray(e._temp), "top_p": jnp.asarray(e._top_p),
-                "top_k": jnp.asarray(e._top_k), "seed": jnp.asarray(e._seed)}
+        samp = e._samp_device()
         (e.cache, self.mcache, y1, y2, acc, lps1, lpr1, lpr2, routes, nd) = self.steps.step(
             e.params, e.cache, self.mcache, jnp.asarray(tok), jnp.asarray(self.draft), jnp.asarray(active),
             jnp.asarray(spec_ok), samp, jnp.asarray(draw))
