@@ -85,7 +85,7 @@ done
 _ids = itertools.count()
 _live: "weakref.WeakSet[Sandbox]" = weakref.WeakSet()
 _reaped_once = threading.Lock()
-_reaped = False
+_reaped: float | bool = False
 
 
 @dataclasses.dataclass
@@ -130,12 +130,17 @@ class _Spec:
     hide: Sequence[str] = ()  # in-sandbox paths covered up (images.hide_paths_env): files, "dir/"
 
 
+REAP_INTERVAL_S = 300.0
+
+
 def _reap_once() -> None:
+    """Reap orphans on the first start in this process, then at most every REAP_INTERVAL_S."""
     global _reaped
     with _reaped_once:
-        if not _reaped:
+        now = time.monotonic()
+        if _reaped is False or now - _reaped > REAP_INTERVAL_S:
             state.reap_orphans()
-            _reaped = True
+            _reaped = now
 
 
 def start(env_id: str, limits: Limits | Mapping[str, Any] | None = None, **overrides: Any) -> "Sandbox":
