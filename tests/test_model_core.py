@@ -87,6 +87,7 @@ def test_kimi_k2_abstract_shapes_and_param_count():
     assert n_all - n_bias == count_params(cfg) == 1_026_408_209_408
     assert shapes["moe_layers"]["moe"]["experts"]["gate_proj"].shape == (60, 384, 7168, 2048)
     assert shapes["embed"]["embedding"].dtype == jnp.bfloat16
+    assert shapes["moe_layers"]["moe"]["router"]["bias"].dtype == jnp.float32  # as the HF loader
     active = count_active_params(cfg)
     # Active per token: all attention/dense/shared/router weights + 8 of 384 routed experts + LM
     # head; the input embedding (a gather) excluded: 31.69B (32.86B counting the embedding;

@@ -1,7 +1,8 @@
 """The DeepSeek-V3 / Kimi-K2 decoder as two pure functions over the params_spec tree.
 
     params = init(cfg, rng)                       # jit-compiled; normal(initializer_range) kernels,
-                                                  # ones for norm scales, zeros for router biases
+                                                  # ones for norm scales, zeros for router biases;
+                                                  # cfg.param_dtype, router kernel/bias float32
     out = apply(params, tokens, cfg, *, segment_ids=None, positions=None, cache=None, routes=None)
 
 `apply` returns a dict:
@@ -52,6 +53,15 @@ from c2jax.model.rope import rope_cos_sin
 # ---- init ----------------------------------------------------------------------------------
 
 
+# Kept in float32 whatever param_dtype is (as transformers' `_keep_in_fp32_modules_strict` and our
+# HF loader do): router scores decide routing, and the bias moves by tiny aux-loss-free steps.
+FP32_LEAVES = (("router", "kernel"), ("router", "bias"))
+
+
+def _leaf_dtype(path: tuple, cfg: ModelConfig):
+    return jnp.dtype(jnp.float32) if tuple(path[-2:]) in FP32_LEAVES else jnp.dtype(cfg.param_dtype)
+
+
 _FLAT_INIT_MAX = 1 << 28  # below this many normal-initialised numbers, draw them in one call
 
 
@@ -60,8 +70,9 @@ def _init_impl(cfg: ModelConfig, rng: jax.Array) -> dict:
     `jax.random.normal` call and slice it (XLA CPU compiles one sampler instead of one per leaf:
     seconds saved per config); large ones (e.g. kimi_k2) draw per leaf, which shards cleanly."""
     specs = param_specs(cfg)
-    leaves, treedef = jax.tree_util.tree_flatten(specs, is_leaf=lambda x: isinstance(x, ParamSpec))
-    dt = jnp.dtype(cfg.param_dtype)
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, ParamSpec))
+    leaves = [s for _, s in with_path]
+    dtypes = [_leaf_dtype(tuple(k.key for k in path), cfg) for path, _ in with_path]
     sizes = [math.prod(s.shape) for s in leaves]
     n_normal = sum(n for s, n in zip(leaves, sizes) if s.init == "normal")
     flat = None
@@ -69,7 +80,7 @@ def _init_impl(cfg: ModelConfig, rng: jax.Array) -> dict:
         flat = jax.random.normal(rng, (n_normal,), jnp.float32)
     keys = jax.random.split(rng, len(leaves))
     out, offset = [], 0
-    for spec, n, key in zip(leaves, sizes, keys):
+    for spec, n, key, dt in zip(leaves, sizes, keys, dtypes):
         if spec.init == "ones":
             out.append(jnp.ones(spec.shape, dt))
         elif spec.init == "zeros":
