@@ -293,3 +293,22 @@ def test_relocatable_interpreter_at_a_fixed_path(repo_env):
                     "sys.base_prefix)'; python -c 'import pytest'")
         assert r.stdout.split() == [sys.version.split()[0], "/env", "/opt/python"], r
         assert "No module named 'pytest'" in r.stderr  # the host install's packages stay hidden
+
+
+def test_failed_start_is_a_clear_sandbox_error_and_leaves_nothing(envs_state, tmp_path):
+    import shutil
+
+    from c2jax.envs.state import sandboxes_dir
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "f.txt").write_text("x")
+    env = build_env(str(tmp_path / "r"))
+    shutil.rmtree(load(env).venv)  # a damaged environment
+    before = set(os.listdir(sandboxes_dir()))
+    with pytest.raises(SandboxError, match="failed to start.*venv"):
+        start(env)
+    assert set(os.listdir(sandboxes_dir())) == before
+    with open("/proc/self/mountinfo") as f:
+        assert sandboxes_dir() not in f.read()
+    with pytest.raises(SandboxError, match="unknown environment"):
+        start("env-does-not-exist")
