@@ -225,8 +225,7 @@ class Sandbox:
             self.limits_report[name] = "enforced (rlimit per command)"
         self.limits_report["tmp_bytes"] = "enforced (size-capped tmpfs)"
         record = {"owner": state.owner_record(), "cgroups": self._cg.paths, "env_id": self.env_id}
-        # (A crash before the record below is written leaves a directory the reaper still
-        # recognises: its name starts with the owner's pid.)
+        state.write_record(self.dir, record)  # from here on the reaper can undo everything
 
         info_r, info_w = os.pipe()
         self._info_fd = info_w
