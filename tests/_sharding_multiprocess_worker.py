@@ -88,6 +88,7 @@ def main(out_dir: str, ckpt_dir: str) -> None:
     shard_ok = all(a.sharding.is_equivalent_to(s.sharding, a.ndim) for a, s in
                    zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(abstract)))
     emb = tree["params"]["embed"]["embedding"]
+    emb_local, emb_size = int(emb.addressable_shards[0].data.size), int(emb.size)  # read before donation
     # one more step on the new mesh from the restored state
     state2 = state.replace(step=tree["step"], params=tree["params"], opt_state=tree["opt_state"])
     bsh2 = batch_shardings(batches[0], mesh2)
@@ -96,7 +97,7 @@ def main(out_dir: str, ckpt_dir: str) -> None:
     with open(os.path.join(out_dir, f"result_{pid}.json"), "w") as f:
         json.dump({"ref": ref, "losses": losses, "restored_step": int(got_step), "loader": loader,
                    "identical": bool(same), "shardings_ok": bool(shard_ok),
-                   "emb_local_shard_size": int(emb.addressable_shards[0].data.size), "emb_size": int(emb.size),
+                   "emb_local_shard_size": emb_local, "emb_size": emb_size,
                    "step_after_restore": int(state2.step), "loss_after_restore": float(m2["loss"])}, f)
 
 
