@@ -1,6 +1,7 @@
 """Engine correctness on the tiny preset (f32): greedy == teacher-forced argmax, raw logprobs,
 routes replay, continuous-batching joins, prefix reuse, seeds, stops, bad input, async forms."""
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -20,8 +21,9 @@ def _greedy(n, **kw):
 
 
 def test_greedy_matches_forward_across_joins(params):
-    """6 requests of mixed lengths on 4 slots: later ones join while others are mid-decode."""
-    eng = Engine(params, CFG, ENGINE_CFG)
+    """6 requests of mixed lengths on 4 slots: later ones join while others are mid-decode.
+    min_window 64: rows cross from the 64- to the 128-position attention window."""
+    eng = Engine(params, CFG, dataclasses.replace(ENGINE_CFG, min_window=64))
     rng = np.random.default_rng(0)
     lens, news = [5, 40, 17, 3, 70, 9], [12, 5, 25, 3, 8, 30]
     reqs = [Request(p, _greedy(m), id=str(i)) for i, (p, m) in enumerate(zip(random_prompts(rng, lens), news))]

@@ -14,12 +14,15 @@ request (lengths, sampling parameters, seeds) is data, not shape:
 * `copy_row`: copy a row's latents to another row (prefix reuse from a sequence in another slot).
 * `spec_decode_step`: greedy speculative decoding with the model's MTP head (see spec.py).
 
-All take and return the cache with buffer donation, so a step does not copy it.
+All take and return the cache with buffer donation, so a step does not copy it. Decode and prefill
+take a static attention window ``win`` (a power of two >= the longest row they touch, see
+`Engine._window`): attention and the cache update run over the first ``win`` positions only, so a
+large ``max_len`` costs nothing until sequences are long (one compile per window size).
 """
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,32 +32,50 @@ from c2jax.sampling.forward import serving_apply as apply
 from c2jax.sampling.sample import sample_tokens
 
 
-def take_row(cache: dict, slot: jax.Array) -> dict:
-    """Row `slot` of a serving cache (every leaf has the slot axis first) as a batch-1 cache."""
-    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, 0), cache)
+def take_row(cache: dict, slot: jax.Array, window: Optional[int] = None) -> dict:
+    """Row `slot` of a serving cache (every leaf has the slot axis first) as a batch-1 cache,
+    limited to the first `window` positions if given."""
+    def one(x):
+        if x.ndim == 1:
+            return jax.lax.dynamic_slice_in_dim(x, slot, 1, 0)
+        size = (1, window or x.shape[1]) + x.shape[2:]
+        return jax.lax.dynamic_slice(x, (slot,) + (0,) * (x.ndim - 1), size)
+    return jax.tree.map(one, cache)
 
 
 def put_row(cache: dict, row: dict, slot: jax.Array) -> dict:
-    """Write a batch-1 cache back into row `slot`."""
-    return jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice_in_dim(x, r, slot, 0), cache, row)
+    """Write a batch-1 cache (possibly a window: fewer positions) back into row `slot`."""
+    return jax.tree.map(lambda x, r: jax.lax.dynamic_update_slice(x, r.astype(x.dtype), (slot,) + (0,) * (x.ndim - 1)),
+                        cache, row)
 
 
-def _decode(cfg: ModelConfig, params: dict, cache: dict, tok: jax.Array, active: jax.Array,
+def window(cache: dict, w: int) -> dict:
+    """The first `w` positions of every row (attention then runs over w, not max_len, slots)."""
+    return jax.tree.map(lambda x: x if x.ndim == 1 else x[:, :w], cache)
+
+
+def unwindow(full: dict, win: dict) -> dict:
+    """Write a windowed cache back into the full one (in place under donation)."""
+    return jax.tree.map(lambda x, r: r if x.ndim == 1 else jax.lax.dynamic_update_slice_in_dim(x, r, 0, 1),
+                        full, win)
+
+
+def _decode(cfg: ModelConfig, win: int, params: dict, cache: dict, tok: jax.Array, active: jax.Array,
             samp: dict, draw: jax.Array):
     """tok [S] int32 (last token of each slot, fed at position lengths[s]), active [S] bool,
     samp {temperature, top_p [S] f32, top_k [S] int32, seed [S] uint32}, draw [S] int32 ->
     (cache, next [S], logprob_sampling [S], logprob_raw [S], routes [S, n_moe, k] of the fed token)."""
-    out = apply(params, tok[:, None], cfg, segment_ids=active.astype(jnp.int32)[:, None], cache=cache)
+    out = apply(params, tok[:, None], cfg, segment_ids=active.astype(jnp.int32)[:, None], cache=window(cache, win))
     nxt, lp_s, lp_r = sample_tokens(out["logits"][:, 0], samp["temperature"], samp["top_k"],
                                     samp["top_p"], samp["seed"], draw)
-    return out["cache"], nxt, lp_s, lp_r, out["routes"][:, 0]
+    return unwindow(cache, out["cache"]), nxt, lp_s, lp_r, out["routes"][:, 0]
 
 
-def _prefill(cfg: ModelConfig, params: dict, cache: dict, slot: jax.Array, tokens: jax.Array,
+def _prefill(cfg: ModelConfig, win: int, params: dict, cache: dict, slot: jax.Array, tokens: jax.Array,
              start: jax.Array, n_valid: jax.Array, samp: dict, draw: jax.Array):
     """tokens [C] written into row `slot` at positions start .. start+n_valid-1 (rest is padding).
     samp: scalars. Returns (cache, next token, logprob_sampling, logprob_raw, routes [C, n_moe, k])."""
-    row = take_row(cache, slot)
+    row = take_row(cache, slot, win)
     row["lengths"] = jnp.reshape(start, (1,)).astype(jnp.int32)
     c = tokens.shape[0]
     seg = (jnp.arange(c) < n_valid).astype(jnp.int32)[None]
@@ -82,8 +103,8 @@ def _set_lengths(cache: dict, lengths: jax.Array) -> dict:
 def compiled(cfg: ModelConfig) -> Any:
     """The jitted steps for one (static) model config; the cache argument is donated."""
     ns = type("Steps", (), {})()
-    ns.decode = jax.jit(functools.partial(_decode, cfg), donate_argnums=(1,))
-    ns.prefill = jax.jit(functools.partial(_prefill, cfg), donate_argnums=(1,))
+    ns.decode = jax.jit(functools.partial(_decode, cfg), static_argnums=(0,), donate_argnums=(2,))
+    ns.prefill = jax.jit(functools.partial(_prefill, cfg), static_argnums=(0,), donate_argnums=(2,))
     ns.copy_row = jax.jit(_copy_row, donate_argnums=(0,))
     ns.set_lengths = jax.jit(_set_lengths, donate_argnums=(0,))
     return ns

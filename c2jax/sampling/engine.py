@@ -67,6 +67,7 @@ class EngineConfig:
     cache_dtype: Optional[str] = None  # default: the model dtype
     spec_decode: bool = False  # MTP speculative decoding for greedy rows (needs mtp_depth >= 1)
     seed: int = 0  # draws the seeds of requests that do not set one
+    min_window: int = 128  # smallest attention window (power of two); see device.py
 
     def validate(self, cfg: ModelConfig) -> None:
         problems = []
@@ -74,6 +75,8 @@ class EngineConfig:
             problems.append(f"max_slots must be >= 1, got {self.max_slots}")
         if self.max_len < 2:
             problems.append(f"max_len must be >= 2, got {self.max_len}")
+        if self.min_window < 1 or self.min_window & (self.min_window - 1):
+            problems.append(f"min_window must be a power of two >= 1, got {self.min_window}")
         if self.prefill_chunk < 16 or self.prefill_chunk & (self.prefill_chunk - 1):
             problems.append(f"prefill_chunk must be a power of two >= 16, got {self.prefill_chunk}")
         if self.moe_impl == "capacity":
@@ -342,6 +345,11 @@ class Engine:
                 self.stats["prefix_copies"] += 1
             self._start(seq, slot, reuse, events)
 
+    def _window(self, n: int) -> int:
+        """Attention window for positions < n: a power of two >= max(n, min_window), <= max_len."""
+        w = max(self.config.min_window, 1 << max(0, n - 1).bit_length())
+        return min(w, self.config.max_len)
+
     def _buckets(self, n: int) -> int:
         c = 16
         while c < n and c < self.config.prefill_chunk:
@@ -363,8 +371,8 @@ class Engine:
                 tok, lps, lpr, routes = self._spec.prefill(slot, chunk, pos, n, fol, samp, draw)
             else:
                 self.cache, tok, lps, lpr, routes = self._steps.prefill(
-                    self.params, self.cache, jnp.int32(slot), jnp.asarray(chunk), jnp.int32(pos), jnp.int32(n),
-                    samp, jnp.int32(draw))
+                    self._window(pos + n), self.params, self.cache, jnp.int32(slot), jnp.asarray(chunk),
+                    jnp.int32(pos), jnp.int32(n), samp, jnp.int32(draw))
             self.row_tokens[slot, pos:pos + n] = chunk[:n]
             self.row_routes[slot, pos:pos + n] = np.asarray(routes)[:n]
             self.row_route_versions[slot, pos:pos + n] = self.version
@@ -419,8 +427,9 @@ class Engine:
         for s, seq in enumerate(self.row_seq):
             if seq is not None:
                 tok[s], active[s], draw[s] = seq.next_tok, True, len(seq.gen)
+        win = self._window(int(self.row_len[active].max()) + 1)
         self.cache, nxt, lps, lpr, routes = self._steps.decode(
-            self.params, self.cache, jnp.asarray(tok), jnp.asarray(active), self._samp_device(), jnp.asarray(draw))
+            win, self.params, self.cache, jnp.asarray(tok), jnp.asarray(active), self._samp_device(), jnp.asarray(draw))
         nxt, lps, lpr, routes = jax.device_get((nxt, lps, lpr, routes))
         self.stats["decode_steps"] += 1
         for s in np.flatnonzero(active):

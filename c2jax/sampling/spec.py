@@ -35,7 +35,7 @@ from c2jax.model.mla import mla
 from c2jax.model.moe import moe_block
 from c2jax.model.norms import rms_norm
 from c2jax.model.rope import rope_cos_sin
-from c2jax.sampling.device import put_row, take_row
+from c2jax.sampling.device import put_row, take_row, unwindow, window
 from c2jax.sampling.forward import serving_apply as apply
 from c2jax.sampling.sample import sample_tokens
 
@@ -78,12 +78,12 @@ def mtp_forward_cached(params: dict, cfg: ModelConfig, hidden: jax.Array, next_t
     return new, logits
 
 
-def _prefill(cfg, params, cache, mcache, slot, tokens, start, n_valid, follow, samp, draw):
+def _prefill(cfg, win, params, cache, mcache, slot, tokens, start, n_valid, follow, samp, draw):
     """Main prefill of one row (as device._prefill) plus the MTP positions of the chunk.
 
     follow: the token after the chunk (-1: the token sampled here, i.e. the last chunk).
     Returns (cache, mcache, next, lp_s, lp_r, routes [C, n_moe, k], draft)."""
-    row = take_row(cache, slot)
+    row = take_row(cache, slot, win)
     row["lengths"] = jnp.reshape(start, (1,)).astype(jnp.int32)
     c = tokens.shape[0]
     seg = (jnp.arange(c) < n_valid).astype(jnp.int32)[None]
@@ -96,7 +96,7 @@ def _prefill(cfg, params, cache, mcache, slot, tokens, start, n_valid, follow, s
     fol = jnp.where(follow < 0, nxt[0], follow)
     nt = jnp.concatenate([tokens[1:], jnp.zeros((1,), tokens.dtype)])
     nt = jnp.where(jnp.arange(c) == n_valid - 1, fol, nt)
-    mrow = take_row(mcache, slot)
+    mrow = take_row(mcache, slot, win)
     mrow["lengths"] = jnp.reshape(start, (1,)).astype(jnp.int32)
     mrow, mlog = mtp_forward_cached(params, cfg, out["hidden"], nt[None], mrow, seg)
     mcache = put_row(mcache, mrow, slot)
@@ -104,13 +104,15 @@ def _prefill(cfg, params, cache, mcache, slot, tokens, start, n_valid, follow, s
     return cache, mcache, nxt[0], lp_s[0], lp_r[0], out["routes"][0], draft
 
 
-def _step(cfg, params, cache, mcache, tok, draft, active, spec_ok, samp, draw):
+def _step(cfg, win, params, cache, mcache, tok, draft, active, spec_ok, samp, draw):
     """One speculative step for all slots (see module docstring). tok/draft [S] int32,
     active/spec_ok [S] bool. Returns (cache, mcache, y1, y2, accept, lp_s1, lp_r1, lp_r2,
     routes [S, 2, n_moe, k], next_draft)."""
     lengths = cache["lengths"]
     toks = jnp.stack([tok, draft], 1)  # [S, 2]
     seg = jnp.stack([active, spec_ok & active], 1).astype(jnp.int32)
+    full, mfull = cache, mcache
+    cache, mcache = window(cache, win), window(mcache, win)
     out = apply(params, toks, cfg, segment_ids=seg, cache=cache)
     y1, lp_s1, lp_r1 = sample_tokens(out["logits"][:, 0], samp["temperature"], samp["top_k"], samp["top_p"],
                                      samp["seed"], draw)
@@ -123,6 +125,7 @@ def _step(cfg, params, cache, mcache, tok, draft, active, spec_ok, samp, draw):
     mcache = dict(mcache, lengths=lengths)
     mcache, mlog = mtp_forward_cached(params, cfg, out["hidden"], jnp.stack([y1, y2], 1), mcache, mseg)
     nd = jnp.argmax(jnp.where(accept[:, None], mlog[:, 1], mlog[:, 0]), -1).astype(jnp.int32)
+    cache, mcache = unwindow(full, cache), unwindow(mfull, mcache)
     return cache, mcache, y1, y2, accept, lp_s1, lp_r1, lp_r2, out["routes"], nd
 
 
@@ -135,8 +138,8 @@ def _copy_row(mcache, src, dst, length):
 @functools.lru_cache(maxsize=16)
 def _compiled(cfg: ModelConfig) -> Any:
     ns = type("SpecSteps", (), {})()
-    ns.prefill = jax.jit(functools.partial(_prefill, cfg), donate_argnums=(1, 2))
-    ns.step = jax.jit(functools.partial(_step, cfg), donate_argnums=(1, 2))
+    ns.prefill = jax.jit(functools.partial(_prefill, cfg), static_argnums=(0,), donate_argnums=(2, 3))
+    ns.step = jax.jit(functools.partial(_step, cfg), static_argnums=(0,), donate_argnums=(2, 3))
     ns.copy_row = jax.jit(_copy_row, donate_argnums=(0,))
     return ns
 
@@ -155,7 +158,7 @@ class SpecDecoder:
     def prefill(self, slot, chunk, pos, n, follow, samp, draw):
         e = self.eng
         e.cache, self.mcache, tok, lps, lpr, routes, draft = self.steps.prefill(
-            e.params, e.cache, self.mcache, jnp.int32(slot), jnp.asarray(chunk), jnp.int32(pos), jnp.int32(n),
+            e._window(pos + n), e.params, e.cache, self.mcache, jnp.int32(slot), jnp.asarray(chunk), jnp.int32(pos), jnp.int32(n),
             jnp.int32(follow), samp, jnp.int32(draw))
         self.draft[slot] = int(draft)
         return tok, lps, lpr, routes
@@ -182,8 +185,9 @@ class SpecDecoder:
                 if d is not None:
                     self.draft[s] = d
         samp = e._samp_device()
+        win = e._window(int(e.row_len[active].max()) + 2)
         (e.cache, self.mcache, y1, y2, acc, lps1, lpr1, lpr2, routes, nd) = self.steps.step(
-            e.params, e.cache, self.mcache, jnp.asarray(tok), jnp.asarray(self.draft), jnp.asarray(active),
+            win, e.params, e.cache, self.mcache, jnp.asarray(tok), jnp.asarray(self.draft), jnp.asarray(active),
             jnp.asarray(spec_ok), samp, jnp.asarray(draw))
         y1, y2, acc, lps1, lpr1, lpr2, routes, nd = jax.device_get((y1, y2, acc, lps1, lpr1, lpr2, routes, nd))
         self.draft[:] = nd
