@@ -14,11 +14,11 @@ import re
 _BUG = (
     "{where} is misbehaving: {tests} fail{more}. Find and fix the bug in the library code; don't touch the tests.",
     "Tests {tests} are red{more}. Something in {where} regressed. Fix the implementation.",
-    "Getting wrong results from {where} ({tests} fail{more}). Track it down and fix it.",
+    "Getting wrong results from {where}: {tests} fail{more}. Track it down and fix it.",
 )
 _MULTI = (
     "Several things broke in {where}: {tests} fail{more}. Fix the library code (there may be more than one bug).",
-    "{where} has a few regressions; {tests} fail{more}. Fix them all, leave the tests alone.",
+    "Regressions in {where}: {tests} fail{more}. Fix them all, leave the tests alone.",
 )
 _DELETE = (
     "{funcs} {verb} missing in {files}; they just raise NotImplementedError. Implement them.{hint} "
@@ -58,13 +58,13 @@ def deletion_prompt(functions: list[tuple[str, str, str]], f2p: list[str], rng: 
     """functions: (path, qualified name, docstring)."""
     names = [q for _, q, _ in functions]
     shown = names[:4]
-    funcs = ", ".join(f"`{n}`" for n in shown) + (f" and {len(names) - len(shown)} others" if len(names) > 4 else "")
+    funcs = ", ".join(f"`{n}`" for n in shown) + (f" and {len(names) - len(shown)} more" if len(names) > 4 else "")
     files = ", ".join(sorted({p for p, _, _ in functions}))
     hint = ""
     for _, q, doc in functions:
         first = doc.strip().splitlines()[0].strip() if doc.strip() else ""
         if first and len(first) < 120:
-            cand = f" `{q.split('.')[-1]}`: {first}"
+            cand = f" `{q.split('.')[-1]}`: {first.rstrip('.')}."
             if not leaks(cand, patch):
                 hint = cand
                 break

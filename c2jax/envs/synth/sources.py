@@ -201,33 +201,48 @@ def extract_sdist(path: str, dest: str) -> str:
 
 
 def sdist_codebase(name: str, version: str, sdist_path: str, sha256: str, license: str, out_dir: str,
-                   src_dir: str = "", test_globs: list[str] | None = None) -> Codebase:
-    """A verified sdist from the prefetch cache as a workspace (tests as shipped)."""
+                   test_globs: list[str] | tuple[str, ...] = ()) -> Codebase:
+    """A verified sdist from the prefetch cache as a workspace (tests as shipped).
+
+    Layout is detected: a `src/` directory puts /workspace/src on PYTHONPATH; otherwise the
+    top-level packages (directories with __init__.py) and modules are imported from the cwd.
+    """
     with open(sdist_path, "rb") as f:
         got = hashlib.sha256(f.read()).hexdigest()
     if got != sha256:
         raise ValueError(f"{sdist_path}: sha256 {got} != pinned {sha256}")
     tmp = os.path.join(out_dir, f".x-{name}")
     top = extract_sdist(sdist_path, tmp)
-    root = os.path.join(out_dir, name)
+    root = os.path.join(out_dir, _norm(name))
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(top, root, symlinks=False,
                     ignore=shutil.ignore_patterns("*.pyc", "__pycache__", "*.egg-info", "PKG-INFO", ".git*"))
     shutil.rmtree(tmp, ignore_errors=True)
     rel = sorted(os.path.relpath(os.path.join(d, n), root) for d, _, ns in os.walk(root) for n in ns)
     src, tests = _split_py(rel)
-    if src_dir:
-        src = [s for s in src if s.startswith(src_dir.rstrip("/") + "/")]
+    skip_top = ("doc", "docs", "example", "examples", "bench", "benchmarks", "tools", "scripts", "misc", "tests",
+                "test", "setup.py", "conftest.py", "noxfile.py", "tasks.py", "fabfile.py")
+    if os.path.isdir(os.path.join(root, "src")):
+        pythonpath = "/workspace/src"
+        src = [s for s in src if s.startswith("src/")]
+        tops = sorted({s.split("/")[1].removesuffix(".py") for s in src})
     else:
-        src = [s for s in src if "/" in s and not s.startswith(("doc", "example", "bench", "tools", "scripts"))] \
-            or [s for s in src if not s.startswith(("doc", "example", "bench"))]
+        pythonpath = ""
+        keep = []
+        for s in src:
+            first = s.split("/")[0]
+            if first in skip_top or first.startswith("."):
+                continue
+            if "/" in s and not os.path.exists(os.path.join(root, first, "__init__.py")):
+                continue
+            keep.append(s)
+        src = keep
+        tops = sorted({s.split("/")[0].removesuffix(".py") for s in src})
     if test_globs:
         import fnmatch
 
         tests = [t for t in tests if any(fnmatch.fnmatch(t, g) for g in test_globs)]
-    source = Source("pypi", _norm(name), version, sha256, license,
-                    f"https://pypi.org/project/{name}/{version}/")
-    pythonpath = f"/workspace/{src_dir.split('/')[0]}" if src_dir.startswith("src/") or src_dir == "src" else ""
-    tops = sorted({s.split("/")[1] if s.startswith("src/") else s.split("/")[0] for s in src})
-    return Codebase(_norm(name), source, root, src, tests, _map_tests(src, tests), pythonpath,
-                    [t.removesuffix(".py") for t in tops])
+    if not src or not tests:
+        raise ValueError(f"{name} {version}: no {'source' if not src else 'test'} files found in the sdist")
+    source = Source("pypi", _norm(name), version, sha256, license, f"https://pypi.org/project/{name}/{version}/")
+    return Codebase(_norm(name), source, root, src, tests, _map_tests(src, tests), pythonpath, tops)
