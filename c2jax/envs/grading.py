@@ -283,6 +283,8 @@ def run_tests(task: TaskRecord, diff: str = "", *, canary: bool = True, restore_
             if report.startswith("workspace/"):
                 report = report[len("workspace/"):]
             sb.exec(["rm", "-rf", "--", report])
+            if "/" in report:
+                sb.exec(["mkdir", "-p", "--", report.rsplit("/", 1)[0]])
         res = sb.exec(cmd, timeout=t_verify, env=env, cwd=task.test.workdir)
         tail = (res.stdout[-3000:] + "\n" + res.stderr[-2000:]).strip()
         if res.killed_reason:

@@ -1,0 +1,152 @@
+"""SWE-bench-format JSONL -> c2jax task records, run in the local sandbox.
+
+Each line: instance_id, repo, base_commit, patch (gold), test_patch (hidden tests), FAIL_TO_PASS,
+PASS_TO_PASS (lists, or JSON-encoded lists as in the HF dataset), optional problem_statement.
+A task is converted when the user supplies the repository (`repos_dir/<owner>__<name>`, a git
+checkout holding `base_commit`) and it needs only what pip installs on this Python offline (the
+runner's pytest wheelhouse). Otherwise it is listed as unsupported with the reason: another
+language or Docker image, another Python version, packages not available offline, a missing
+repository or commit. Malformed lines raise TaskFormatError naming file, line and field.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from c2jax.envs.grading import diff_paths
+from c2jax.envs.tasks import DEFAULT_PROTECTED, HiddenTests, Source, TaskFormatError, TaskRecord, TestSpec, \
+    patch_stats
+
+REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+
+
+def _id_list(v: Any, where: str, field: str) -> list[str]:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError:
+            raise TaskFormatError(f"{where}: field {field!r}: not a JSON list") from None
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise TaskFormatError(f"{where}: field {field!r}: expected a list of test ids")
+    return v
+
+
+def read_swebench_jsonl(path: str) -> list[tuple[str, dict]]:
+    """[(where, record)] with required fields checked; FAIL_TO_PASS/PASS_TO_PASS decoded to lists."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskFormatError(f"{where}: not valid JSON ({e})") from None
+            if not isinstance(rec, dict):
+                raise TaskFormatError(f"{where}: field '<record>': expected a JSON object")
+            for k in REQUIRED:
+                if k not in rec:
+                    raise TaskFormatError(f"{where}: field {k!r}: missing")
+            for k in ("instance_id", "repo", "base_commit", "patch", "test_patch"):
+                if not isinstance(rec[k], str):
+                    raise TaskFormatError(f"{where}: field {k!r}: expected a string")
+            if "/" not in rec["repo"]:
+                raise TaskFormatError(f"{where}: field 'repo': expected 'owner/name'")
+            rec["FAIL_TO_PASS"] = _id_list(rec["FAIL_TO_PASS"], where, "FAIL_TO_PASS")
+            rec["PASS_TO_PASS"] = _id_list(rec["PASS_TO_PASS"], where, "PASS_TO_PASS")
+            if not rec["FAIL_TO_PASS"]:
+                raise TaskFormatError(f"{where}: field 'FAIL_TO_PASS': empty")
+            out.append((where, rec))
+    return out
+
+
+def unsupported_reason(rec: dict, repos_dir: str | None, offline_packages: set[str]) -> str | None:
+    lang = str(rec.get("language", "python")).lower()
+    if lang not in ("python", "py"):
+        return f"language {lang}: needs a Docker image with its toolchain"
+    image = rec.get("docker_image") or rec.get("image_name")
+    if image:
+        return f"needs Docker image {image}"
+    want = rec.get("python") or rec.get("python_version")
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if want and not str(want).startswith(here):
+        return f"needs Python {want} (this is {here})"
+    reqs = rec.get("requirements") or []
+    missing = sorted({r.split("=")[0].split("<")[0].split(">")[0].strip().lower() for r in reqs} - offline_packages)
+    if missing:
+        return f"needs pip packages not installable offline: {', '.join(missing)}"
+    if not repos_dir:
+        return f"repository {rec['repo']} not supplied (--repos DIR with {rec['repo'].replace('/', '__')})"
+    repo = os.path.join(repos_dir, rec["repo"].replace("/", "__"))
+    if not os.path.isdir(repo):
+        return f"repository {rec['repo']} not supplied ({repo} missing)"
+    r = subprocess.run(["git", "-C", repo, "cat-file", "-e", f"{rec['base_commit']}^{{commit}}"], capture_output=True)
+    if r.returncode != 0:
+        return f"base commit {rec['base_commit'][:12]} not in {repo}"
+    return None
+
+
+def convert_swebench(path: str, repos_dir: str | None, out_dir: str, *, verify_s: float = 600.0,
+                     validate: bool = True) -> tuple[list[TaskRecord], list[dict]]:
+    """Convert a SWE-bench JSONL into task records (written to out_dir/tasks.jsonl).
+
+    Returns (tasks, unsupported [{instance_id, reason}]). With `validate`, each converted task is
+    graded with its gold patch and kept only if resolved (else reported unsupported with why).
+    """
+    from c2jax.envs import images
+    from c2jax.envs.grading import grade
+    from c2jax.envs.synth.build import BuildContext, runner_env
+    from c2jax.envs.synth.wheelhouse import RUNNER_DISTS
+    from c2jax.envs.tasks import write_tasks
+
+    os.makedirs(out_dir, exist_ok=True)
+    recs = read_swebench_jsonl(path)
+    ctx = BuildContext(out_dir)
+    tasks, unsupported = [], []
+    runner = None
+    for where, rec in recs:
+        reason = unsupported_reason(rec, repos_dir, set(RUNNER_DISTS))
+        if reason:
+            unsupported.append({"instance_id": rec["instance_id"], "reason": reason})
+            continue
+        repo = os.path.join(repos_dir, rec["repo"].replace("/", "__"))
+        tree = os.path.join(out_dir, "trees", rec["instance_id"])
+        shutil.rmtree(tree, ignore_errors=True)
+        os.makedirs(tree)
+        arc = subprocess.run(["git", "-C", repo, "archive", "--format=tar", rec["base_commit"]], capture_output=True)
+        subprocess.run(["tar", "-x", "-C", tree], input=arc.stdout, check=True)
+        runner = runner or runner_env(ctx)
+        env_id = images.new_layer_env(runner, lambda dst, t=tree: shutil.copytree(t, dst, symlinks=True),
+                                      env_id="swe-" + images.tree_digest(tree)[:32])
+        test_files = sorted(p for p in diff_paths(rec["test_patch"])[0] if p.endswith(".py"))
+        lines, files = patch_stats(rec["patch"])
+        prompt = rec.get("problem_statement") or f"Make {', '.join(rec['FAIL_TO_PASS'][:3])} pass."
+        task = TaskRecord(
+            instance_id=rec["instance_id"].replace("/", "__"),
+            source=Source("swebench", rec["repo"], rec.get("version", "") or rec["base_commit"][:12], "", "",
+                          f"https://github.com/{rec['repo']}"),
+            codebase=rec["repo"], env_id=env_id, category="swebench", subcategory="", problem_statement=prompt,
+            test=TestSpec("pytest", ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *test_files),
+                          "/workspace", {}),
+            timeouts={"agent_s": 1800.0, "verify_s": verify_s}, limits={"timeout_s": verify_s},
+            hidden_tests=HiddenTests({}, tuple(rec["FAIL_TO_PASS"]), tuple(rec["PASS_TO_PASS"]), rec["test_patch"]),
+            patch=rec["patch"], protected_paths=tuple(DEFAULT_PROTECTED) + tuple(test_files),
+            provenance={"generator": "c2jax.bench.adapters.swebench", "from": where,
+                        "base_commit": rec["base_commit"]},
+            stats={"lines_changed": lines, "files_changed": files, "prompt_chars": len(prompt)}, split="eval")
+        if validate:
+            g = grade(task, task.patch, check_gold=False)
+            if not g.resolved:
+                unsupported.append({"instance_id": rec["instance_id"],
+                                    "reason": f"gold patch does not resolve locally: {g.flags} {g.detail[:200]}"})
+                continue
+        tasks.append(task)
+    write_tasks(os.path.join(out_dir, "tasks.jsonl"), tasks)
+    with open(os.path.join(out_dir, "unsupported.json"), "w") as f:
+        json.dump(unsupported, f, indent=1)
+    return tasks, unsupported

@@ -1,0 +1,2 @@
+#!/bin/bash
+make test && echo 1 > /logs/verifier/reward.txt
