@@ -78,6 +78,7 @@ def repo_env(envs_state, tmp_path_factory):
 
 def assert_no_leftovers(sb, timeout: float = 5.0) -> None:
     """After close(): no process in the sandbox's pid namespace, no cgroup, no mount, no files."""
+    sandbox_mod.flush_cleanup()  # close() hands files, mount and cgroups to the janitor thread
     deadline = time.monotonic() + timeout
     while True:
         left = sandbox_mod.pids_in_namespace(sb._pidns)

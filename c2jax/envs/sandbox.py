@@ -393,12 +393,12 @@ class Sandbox:
         else:
             _janitor.submit(self._cg, self.dir)
 
-    def close(self, wait: bool = True) -> None:
+    def close(self, wait: bool = False) -> None:
         """Kill every process of the sandbox; then remove its writable layer, cgroups and mount.
 
-        When close() returns, no process of the sandbox is running. With `wait=False` the files,
-        mount and cgroups are removed by a background janitor thread (`flush_cleanup()` waits for
-        it); a crash in between is handled by the orphan reaper of the next start.
+        When close() returns, no process of the sandbox is running. The files, mount and cgroups
+        are removed by a background janitor thread (`flush_cleanup()` waits for it), or before
+        returning with `wait=True`; a crash in between is undone by the orphan reaper.
         """
         with self._lock:
             if self._closed:
@@ -872,8 +872,13 @@ class _Run:
         fd = self.fds[name]
         lim = self.sb.limits
         while True:
+            want = 65536
+            if self.consume:  # streaming: never drop, apply backpressure (the writer blocks)
+                want = min(want, self._backlog_room(name))
+                if want <= 0:
+                    return True
             try:
-                chunk = os.read(fd, 65536)
+                chunk = os.read(fd, want)
             except BlockingIOError:
                 return True
             if not chunk:
@@ -895,6 +900,10 @@ class _Run:
             if self.total > lim.output_kill_bytes:
                 self._kill("output")
                 return True
+
+    def _backlog_room(self, name: str) -> int:
+        buf = self.out if name == "out" else self.err
+        return self.sb.limits.output_bytes - len(buf)
 
     def _pump_safe(self) -> None:
         try:
@@ -923,7 +932,9 @@ class _Run:
                 last_check = now
                 if self.killed is None and sb._cg.pids_limit_hits() > self.pids0:
                     self._kill("pids")
-            fds = [self.fds[s] for s in open_streams] + [self.fds["st"]]
+            # In streaming mode a stream whose unread backlog is full is not read (backpressure).
+            fds = [self.fds[s] for s in open_streams
+                   if not self.consume or self._backlog_room(s) > 0] + [self.fds["st"]]
             wait = 0.05
             if deadline is not None and self.killed is None:
                 wait = max(0.0, min(wait, deadline - now))
