@@ -342,58 +342,55 @@ def build_codebase(cb: Codebase, targets: Targets, ctx: BuildContext, split: str
     got: dict[str, list[TaskRecord]] = {k: [] for k in want}
     seen: set[str] = set()
     base_seed = int(hashlib.sha256(f"{ctx.seed}:{cb.name}".encode()).hexdigest()[:8], 16)
-    lock = threading.Lock()
-    attempt = [0]
+    attempt = 0
 
-    def next_candidate() -> Candidate | None:
-        with lock:
-            while attempt[0] < targets.max_attempts:
-                open_cats = [k for k in want if len(got[k]) < want[k]]
-                if not open_cats:
-                    return None
-                seed = base_seed + attempt[0]
-                attempt[0] += 1
-                rng = random.Random(seed)
-                cat = open_cats[attempt[0] % len(open_cats)]
-                cand = make_candidate(cb, cat, rng, targets, gold, seed)
-                if cand is None:
-                    rep["skipped"]["no candidate"] = rep["skipped"].get("no candidate", 0) + 1
-                    continue
-                key = hashlib.sha256(json.dumps(sorted(cand.new_texts.items())).encode()).hexdigest()
-                if key in seen:
-                    continue
-                seen.add(key)
-                return cand
-            return None
-
-    def worker() -> None:
-        while True:
-            cand = next_candidate()
+    def next_candidate(open_cats: list[str]) -> Candidate | None:
+        nonlocal attempt
+        while attempt < targets.max_attempts:
+            seed = base_seed + attempt
+            attempt += 1
+            cat = open_cats[attempt % len(open_cats)]
+            cand = make_candidate(cb, cat, random.Random(seed), targets, gold, seed)
             if cand is None:
-                return
-            try:
-                task = validate_candidate(cb, cand, env, gold, ctx, split)
-            except Skip as e:
-                reason = str(e).split(":")[0][:80]
-                with lock:
-                    rep["skipped"][reason] = rep["skipped"].get(reason, 0) + 1
+                rep["skipped"]["no candidate"] = rep["skipped"].get("no candidate", 0) + 1
                 continue
-            except Exception as e:  # noqa: BLE001 - infra trouble on one candidate: log, go on
-                with lock:
-                    key = f"error: {type(e).__name__}"
-                    rep["skipped"][key] = rep["skipped"].get(key, 0) + 1
-                    rep.setdefault("errors", []).append(str(e)[:500])
+            key = hashlib.sha256(json.dumps(sorted(cand.new_texts.items())).encode()).hexdigest()
+            if key in seen:
                 continue
-            with lock:
-                if len(got[task.category]) < want[task.category]:
-                    got[task.category].append(task)
+            seen.add(key)
+            return cand
+        return None
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, ctx.workers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    rep["attempts"] = attempt[0]
+    def validate(cand: Candidate) -> TaskRecord | str:
+        try:
+            return validate_candidate(cb, cand, env, gold, ctx, split)
+        except Skip as e:
+            return str(e).split(":")[0][:80]
+        except Exception as e:  # noqa: BLE001 - infra trouble on one candidate: log it, go on
+            rep.setdefault("errors", []).append(f"{type(e).__name__}: {e}"[:500])
+            return f"error: {type(e).__name__}"
+
+    # Candidates are drawn in seed order and validated `workers` at a time; results are accepted
+    # in candidate order, so the task set does not depend on thread timing.
+    with cf.ThreadPoolExecutor(max(1, ctx.workers)) as ex:
+        while True:
+            open_cats = [k for k in want if len(got[k]) < want[k]]
+            if not open_cats:
+                break
+            batch = []
+            need = sum(want[k] - len(got[k]) for k in open_cats)
+            for _ in range(min(max(1, ctx.workers), need)):
+                cand = next_candidate(open_cats)
+                if cand is not None:
+                    batch.append(cand)
+            if not batch:
+                break
+            for cand, res in zip(batch, ex.map(validate, batch)):
+                if isinstance(res, str):
+                    rep["skipped"][res] = rep["skipped"].get(res, 0) + 1
+                elif len(got[res.category]) < want[res.category]:
+                    got[res.category].append(res)
+    rep["attempts"] = attempt
     tasks = [t for k in want for t in got[k]]
     rep["accepted"] = len(tasks)
     return tasks

@@ -1,0 +1,76 @@
+"""Shared fixtures for tests/test_{tasks,bench,grading}_*.py (not collected: no test_ prefix).
+
+One private environments state directory and one c2bench-mini build per test session, shared by
+every module that imports these fixtures (module-level cache: an imported session fixture may be
+instantiated once per importing module, the build must not be).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+import pytest
+
+from c2jax.envs.bwrap import bwrap_path
+from c2jax.envs.errors import SandboxError
+
+_STATE: dict = {}
+
+
+def _bwrap_problem() -> str | None:
+    try:
+        bwrap_path()
+        return None
+    except SandboxError as e:
+        return str(e)
+
+
+BWRAP_PROBLEM = _bwrap_problem()
+needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"no usable bwrap: {BWRAP_PROBLEM}")
+DATA = os.path.join(os.path.dirname(__file__), "data", "bench")
+
+
+def state_dir() -> str:
+    """The session's private environments state directory."""
+    if "state" not in _STATE:
+        _STATE["state"] = tempfile.mkdtemp(prefix="c2jax_bench_state_")
+    return _STATE["state"]
+
+
+@contextlib.contextmanager
+def using_state():
+    """C2JAX_ENVS_DIR points at our state directory inside the block (other test areas set theirs)."""
+    old = os.environ.get("C2JAX_ENVS_DIR")
+    os.environ["C2JAX_ENVS_DIR"] = state_dir()
+    try:
+        yield state_dir()
+    finally:
+        if old is None:
+            os.environ.pop("C2JAX_ENVS_DIR", None)
+        else:
+            os.environ["C2JAX_ENVS_DIR"] = old
+
+
+@pytest.fixture
+def bench_state():
+    """Function-scoped: every test of these modules runs with our state directory."""
+    with using_state() as d:
+        yield d
+
+
+def mini() -> tuple:
+    """(out_dir, tasks, stats, report) of c2bench-mini, built once per session."""
+    if "mini" not in _STATE:
+        from c2jax.bench.suites import build_suite
+
+        out = tempfile.mkdtemp(prefix="c2bench_mini_")
+        with using_state():
+            tasks, stats, report = build_suite("c2bench-mini", out, workers=2, seed=0)
+        _STATE["mini"] = (out, tasks, stats, report)
+    return _STATE["mini"]
+
+
+@pytest.fixture
+def mini_suite(bench_state):
+    return mini()
