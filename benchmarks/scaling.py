@@ -61,6 +61,7 @@ def make_batch(cfg, B: int, S: int, seed: int = 0) -> dict:
 
 
 def new_state(cfg, params):
+    params = jax.tree_util.tree_map(lambda x: jax.numpy.array(x, copy=True), params)  # steps donate the state
     sched = optim.make_schedule({"name": "constant", "peak_lr": 1e-3}, 100)
     tx = optim.make_optimizer({"name": "adamw", "weight_decay": 0.01}, sched, params,
                               trainable=trainable_mask(cfg), axes=logical_axes(cfg))
