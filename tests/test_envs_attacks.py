@@ -432,3 +432,29 @@ def test_reaper_spares_live_owners(repo_env):
     with start(env) as box:
         assert box.id not in envs_state_mod.reap_orphans()
         assert box.exec("echo alive").stdout == "alive\n"
+
+
+def test_host_keyrings_and_kernel_attack_surface(sb):
+    """The sandbox uid maps to the host uid that started it: without the seccomp filter keyctl could
+    reach that user's keyrings. Denied calls fail with EPERM; ordinary work is unaffected."""
+    assert sb.limits_report["seccomp"].startswith("enforced")
+    host_keyrings = []
+    with open("/proc/keys") as f:
+        for line in f:
+            if " _uid" in line:
+                host_keyrings.append(int(line.split()[0], 16))
+    r = sb.exec(py(f"""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(4096)
+        for kid in {host_keyrings!r}:
+            rc = libc.syscall(250, 6, kid, buf, 4096)   # keyctl(KEYCTL_DESCRIBE, host keyring)
+            print("keyctl", rc, ctypes.get_errno())
+        print("user-keyring", libc.syscall(250, 0, -4, 0), ctypes.get_errno())
+        for name, nr in (("bpf", 321), ("io_uring_setup", 425), ("perf_event_open", 298),
+                         ("userfaultfd", 323), ("unshare", 272)):
+            print(name, libc.syscall(nr, 0, 0, 0, 0, 0), ctypes.get_errno())
+    """), timeout=15)
+    lines = r.stdout.splitlines()
+    assert lines and all(line.endswith(" -1 1") for line in lines), r  # every call: -1, EPERM
+    assert sb.exec("git --version && python -c 'import ssl, sqlite3, subprocess'").ok

@@ -54,7 +54,7 @@ import uuid
 import weakref
 from typing import Any, Iterator, Mapping, Sequence
 
-from c2jax.envs import cgroups, fsops, images, state
+from c2jax.envs import cgroups, fsops, images, seccomp, state
 from c2jax.envs.bwrap import bwrap_path
 from c2jax.envs.errors import SandboxClosed, SandboxError
 from c2jax.envs.limits import Limits
@@ -229,6 +229,10 @@ class Sandbox:
 
         info_r, info_w = os.pipe()
         self._info_fd = info_w
+        self._seccomp_fd = seccomp.filter_fd()
+        self.limits_report["seccomp"] = (
+            f"enforced ({len(seccomp.DENIED)} syscalls denied)" if self._seccomp_fd is not None
+            else "unavailable: libseccomp not found")
         argv = self._bwrap_argv(rw)
         # A shim joins the cgroups before exec'ing bwrap, so every sandbox process starts inside.
         joins = " && ".join(f"echo $$ > {shlex.quote(p)}" for p in self._cg.procs_files())
@@ -236,10 +240,12 @@ class Sandbox:
         try:
             self._proc = _spawner.popen(
                 ["/bin/sh", "-c", shim, "sh", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, pass_fds=(info_w,), close_fds=True, start_new_session=True,
-                env={"PATH": "/usr/bin:/bin"})
+                stderr=subprocess.PIPE, pass_fds=tuple(f for f in (info_w, self._seccomp_fd) if f is not None),
+                close_fds=True, start_new_session=True, env={"PATH": "/usr/bin:/bin"})
         finally:
             os.close(info_w)
+            if self._seccomp_fd is not None:
+                os.close(self._seccomp_fd)
         bw = {"pid": self._proc.pid, "start": state.proc_start_time(self._proc.pid)}
         state.write_record(self.dir, {**record, "bwrap": bw})
         try:
@@ -339,6 +345,8 @@ class Sandbox:
             a += ["--bind", spec.layers[0], WORKSPACE]
         a += ["--ro-bind", self.ctl, CTL, "--chdir", WORKSPACE,
               "--remount-ro", "/", "--info-fd", str(self._info_fd)]
+        if self._seccomp_fd is not None:
+            a += ["--seccomp", str(self._seccomp_fd)]
         # The lifetime is enforced by the host's timer; if the host dies, --die-with-parent ends it.
         a += ["/bin/sh", "-c", EXECUTOR]
         return a
