@@ -14,7 +14,8 @@ Design (see ../shared/docs/environments.md §6):
   dies with its parent. The root is an allow-list: /usr, a minimal /etc, /env (the environment's
   venv, read-only), /workspace (overlay: read-only layers + a writable upper dir on a size-capped
   tmpfs), a size-capped /tmp, private /proc and /dev, and the control directory /run/c2jax
-  (read-only). The root itself is remounted read-only. Network: a private loopback only.
+  (read-only). The root itself is remounted read-only. Network: a private loopback only. A
+  seccomp filter (seccomp.py) denies keyrings, bpf, io_uring, perf, mount and namespace calls.
 - Inside runs a tiny POSIX-shell executor (dash starts in ~1 ms; Python would take ~28 ms). For
   each command the host writes a script and three FIFOs (stdout, stderr, status) into the control
   directory and sends the command number on the executor's stdin; the executor starts the command
