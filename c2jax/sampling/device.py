@@ -65,21 +65,21 @@ def _decode(cfg: ModelConfig, win: int, params: dict, cache: dict, tok: jax.Arra
     """tok [S] int32 (last token of each slot, fed at position lengths[s]), active [S] bool,
     samp {temperature, top_p [S] f32, top_k [S] int32, seed [S] uint32}, draw [S] int32 ->
     (cache, next [S], logprob_sampling [S], logprob_raw [S], routes [S, n_moe, k] of the fed token)."""
-    out = apply(params, tok[:, None], cfg, segment_ids=active.astype(jnp.int32)[:, None], cache=window(cache, win))
+    out = apply(params, tok[:, None], cfg, segment_ids=active.astype(jnp.int32)[:, None], cache=cache, window=win)
     nxt, lp_s, lp_r = sample_tokens(out["logits"][:, 0], samp["temperature"], samp["top_k"],
                                     samp["top_p"], samp["seed"], draw)
-    return unwindow(cache, out["cache"]), nxt, lp_s, lp_r, out["routes"][:, 0]
+    return out["cache"], nxt, lp_s, lp_r, out["routes"][:, 0]
 
 
 def _prefill(cfg: ModelConfig, win: int, params: dict, cache: dict, slot: jax.Array, tokens: jax.Array,
              start: jax.Array, n_valid: jax.Array, samp: dict, draw: jax.Array):
     """tokens [C] written into row `slot` at positions start .. start+n_valid-1 (rest is padding).
     samp: scalars. Returns (cache, next token, logprob_sampling, logprob_raw, routes [C, n_moe, k])."""
-    row = take_row(cache, slot, win)
+    row = take_row(cache, slot)
     row["lengths"] = jnp.reshape(start, (1,)).astype(jnp.int32)
     c = tokens.shape[0]
     seg = (jnp.arange(c) < n_valid).astype(jnp.int32)[None]
-    out = apply(params, tokens[None], cfg, segment_ids=seg, cache=row)
+    out = apply(params, tokens[None], cfg, segment_ids=seg, cache=row, window=win)
     logits = jax.lax.dynamic_index_in_dim(out["logits"][0], n_valid - 1, 0, keepdims=True)  # [1, V]
     s1 = {k: jnp.reshape(v, (1,)) for k, v in samp.items()}
     nxt, lp_s, lp_r = sample_tokens(logits, s1["temperature"], s1["top_k"], s1["top_p"], s1["seed"],

@@ -64,25 +64,43 @@ def init_serving_cache(cfg: ModelConfig, slots: int, max_len: int, dtype: Option
                        for _ in range(cfg.num_layers)]}
 
 
-def serving_apply(sp: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: jax.Array, cache: dict) -> dict:
+def serving_apply(sp: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: jax.Array, cache: dict,
+                  window: Optional[int] = None) -> dict:
     """Cached forward (as `apply(..., cache=...)`): tokens [B, S], segment_ids [B, S] (valid first)
-    -> {logits [B,S,V] f32, hidden [B,S,D], routes [B,S,n_moe,k] int32, cache}."""
+    -> {logits [B,S,V] f32, hidden [B,S,D], routes [B,S,n_moe,k] int32, cache}.
+
+    `window` (static, <= T): attention runs over the first `window` cache positions only (every
+    written position must lie below it); the new latents are then written into the full cache
+    at their positions (a few rows, in place under donation), so a step costs O(window)."""
     b, s = tokens.shape
     dt = jnp.dtype(cfg.dtype)
     valid = segment_ids != 0
     lengths = cache["lengths"]
     slots = lengths[:, None] + jnp.arange(s, dtype=jnp.int32)[None]  # [B, S]
     t = cache["layers"][0]["c_kv"].shape[1]
-    mask = jnp.arange(t, dtype=jnp.int32)[None, None, :] <= slots[:, :, None]  # [B, S, T]
+    w = t if window is None else min(window, t)
+    mask = jnp.arange(w, dtype=jnp.int32)[None, None, :] <= slots[:, :, None]  # [B, S, W]
     cos, sin = rope_cos_sin(cfg.attention, slots)
+    bidx = jnp.arange(b)[:, None]
+    in_w = jnp.where(slots < w, slots, t)  # writes outside the window are dropped, as the model does
+
+    def run(lp, h, i, moe):
+        full = cache["layers"][i]
+        if w == t:
+            return _block(lp, h, cos, sin, mask, cfg, full, slots, valid, None, moe=moe)
+        win = {k: v[:, :w] for k, v in full.items()}
+        h, nc, st = _block(lp, h, cos, sin, mask, cfg, win, slots, valid, None, moe=moe)
+        new = {k: full[k].at[bidx, in_w].set(nc[k][bidx, jnp.minimum(slots, w - 1)], mode="drop") for k in full}
+        return h, new, st
+
     h = sp["embed"]["embedding"][tokens].astype(dt)
     new_layers, routes = [], []
     for i, lp in enumerate(sp["dense"]):
-        h, nc, _ = _block(lp, h, cos, sin, mask, cfg, cache["layers"][i], slots, valid, None, moe=False)
+        h, nc, _ = run(lp, h, i, False)
         new_layers.append(nc)
     nd = len(sp["dense"])
     for j, lp in enumerate(sp["moe"]):
-        h, nc, st = _block(lp, h, cos, sin, mask, cfg, cache["layers"][nd + j], slots, valid, None, moe=True)
+        h, nc, st = run(lp, h, nd + j, True)
         new_layers.append(nc)
         routes.append(st["routes"])
     hidden = rms_norm(h, sp["final_norm"]["scale"], cfg.rms_norm_eps)

@@ -83,11 +83,11 @@ def _prefill(cfg, win, params, cache, mcache, slot, tokens, start, n_valid, foll
 
     follow: the token after the chunk (-1: the token sampled here, i.e. the last chunk).
     Returns (cache, mcache, next, lp_s, lp_r, routes [C, n_moe, k], draft)."""
-    row = take_row(cache, slot, win)
+    row = take_row(cache, slot)
     row["lengths"] = jnp.reshape(start, (1,)).astype(jnp.int32)
     c = tokens.shape[0]
     seg = (jnp.arange(c) < n_valid).astype(jnp.int32)[None]
-    out = apply(params, tokens[None], cfg, segment_ids=seg, cache=row)
+    out = apply(params, tokens[None], cfg, segment_ids=seg, cache=row, window=win)
     logits = jax.lax.dynamic_index_in_dim(out["logits"][0], n_valid - 1, 0, keepdims=True)
     s1 = {k: jnp.reshape(v, (1,)) for k, v in samp.items()}
     nxt, lp_s, lp_r = sample_tokens(logits, s1["temperature"], s1["top_k"], s1["top_p"], s1["seed"],
@@ -111,9 +111,9 @@ def _step(cfg, win, params, cache, mcache, tok, draft, active, spec_ok, samp, dr
     lengths = cache["lengths"]
     toks = jnp.stack([tok, draft], 1)  # [S, 2]
     seg = jnp.stack([active, spec_ok & active], 1).astype(jnp.int32)
-    full, mfull = cache, mcache
-    cache, mcache = window(cache, win), window(mcache, win)
-    out = apply(params, toks, cfg, segment_ids=seg, cache=cache)
+    mfull = mcache
+    mcache = window(mcache, win)
+    out = apply(params, toks, cfg, segment_ids=seg, cache=cache, window=win)
     y1, lp_s1, lp_r1 = sample_tokens(out["logits"][:, 0], samp["temperature"], samp["top_k"], samp["top_p"],
                                      samp["seed"], draw)
     accept = spec_ok & active & (y1 == draft)
@@ -125,7 +125,7 @@ def _step(cfg, win, params, cache, mcache, tok, draft, active, spec_ok, samp, dr
     mcache = dict(mcache, lengths=lengths)
     mcache, mlog = mtp_forward_cached(params, cfg, out["hidden"], jnp.stack([y1, y2], 1), mcache, mseg)
     nd = jnp.argmax(jnp.where(accept[:, None], mlog[:, 1], mlog[:, 0]), -1).astype(jnp.int32)
-    cache, mcache = unwindow(full, cache), unwindow(mfull, mcache)
+    mcache = unwindow(mfull, mcache)
     return cache, mcache, y1, y2, accept, lp_s1, lp_r1, lp_r2, out["routes"], nd
 
 
