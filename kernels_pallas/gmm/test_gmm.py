@@ -15,7 +15,13 @@ import pytest
 
 from kernels_pallas.gmm import groups, ops, pallas_gmm
 from kernels_pallas.gmm.reference import gmm_ref, tgmm_ref
+from kernels_pallas import api
 from kernels_pallas.quant import reference as qref
+
+def _qz(x, fmt, axis, **kw):
+    """Jitted reference quantiser (eager dispatch of the bit arithmetic is slow)."""
+    return api.quantize(x, fmt, axis, impl="xla", **kw)
+
 
 GS = np.array([30, 0, 41, 3, 20], np.int32)  # empty group, sizes not multiples of any tile, 34 unused rows
 
@@ -72,14 +78,14 @@ def test_gmm_quantised_kinds_match_dequantised_ragged_dot(kind):
     gs = jnp.asarray(GS)
     e4 = lambda c: jax.lax.bitcast_convert_type(c, jnp.float8_e4m3fn)
     if kind == "mx":
-        qa, qw = qref.quantize(a, "mxfp8_e4m3", 1), qref.quantize(w, "mxfp8_e4m3", 1)
+        qa, qw = _qz(a, "mxfp8_e4m3", 1), _qz(w, "mxfp8_e4m3", 1)
         lo, ro = (e4(qa.data), qa.scales), (e4(qw.data), qw.scales)
     elif kind == "nvfp4":
-        qa, qw = qref.quantize(a, "nvfp4_per_token", 1), qref.quantize(w, "nvfp4", 1, group_axis=0)
+        qa, qw = _qz(a, "nvfp4_per_token", 1), _qz(w, "nvfp4", 1, group_axis=0)
         lo = (qa.data, e4(qa.scales), qa.global_scale)
         ro = (qw.data, e4(qw.scales), qw.global_scale)
     else:
-        qa, qw = qref.quantize(a, "fp8_blockwise", 1), qref.quantize(w, "fp8_blockwise", 1, tile=(128, 128))
+        qa, qw = _qz(a, "fp8_blockwise", 1), _qz(w, "fp8_blockwise", 1, tile=(128, 128))
         lo, ro = (e4(qa.data), qa.scales), (e4(qw.data), qw.scales)
     y = pallas_gmm.gmm(lo, ro, gs, kind=kind, m=128, k=256, n=128, tm=32, tk=256)
     da, dw = qref.dequantize(qa), qref.dequantize(qw)
@@ -103,7 +109,7 @@ def test_tgmm_kinds_match_masked_einsum(kind):
     xp, pgs, _ = groups.pad_groups(a, gs, align, 128)
     dp, _, _ = groups.pad_groups(dy, gs, align, 128)
     fmt = "mxfp8_e4m3" if kind == "mx" else "fp8_blockwise"
-    qx, qd = qref.quantize(xp, fmt, 0), qref.quantize(dp, fmt, 0)
+    qx, qd = _qz(xp, fmt, 0), _qz(dp, fmt, 0)
     dw = pallas_gmm.tgmm((e4(qx.data), qx.scales), (e4(qd.data), qd.scales), pgs, kind=kind,
                          m=xp.shape[0], k=256, n=128, tm=128)
     dx, dd = qref.dequantize(qx), qref.dequantize(qd)
@@ -130,7 +136,7 @@ def test_f32_recipe_gradients_equal_autodiff_of_ragged_dot():
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5 * float(jnp.abs(r).max()))
 
 
-@pytest.mark.parametrize("precision", ["bf16", "mxfp8",
+@pytest.mark.parametrize("precision", [pytest.param("bf16", marks=pytest.mark.slow), "mxfp8",
                                        pytest.param("fp8_blockwise", marks=pytest.mark.slow),
                                        pytest.param("nvfp4_fwd_mxfp8_bwd", marks=pytest.mark.slow)])
 def test_recipe_interpret_equals_xla_oracle(precision):
@@ -138,7 +144,7 @@ def test_recipe_interpret_equals_xla_oracle(precision):
     FP32-summation-order error (1e-5 of the output scale)."""
     a, w, dy = _data(96, 64, 128, 4, seed=1)
     gs = jnp.asarray([30, 0, 41, 20], jnp.int32)
-    y_x = ops.grouped_matmul(a, w, gs, precision=precision, impl="xla")
+    y_x = jax.jit(lambda a, w: ops.grouped_matmul(a, w, gs, precision=precision, impl="xla"))(a, w)
     y_i = jax.jit(lambda a, w: ops.grouped_matmul(a, w, gs, precision=precision, impl="interpret"))(a, w)
     np.testing.assert_allclose(np.asarray(y_i), np.asarray(y_x), atol=1e-5 * float(jnp.abs(y_x).max()))
     for g_i, g_x in zip(_grad(a, w, dy, gs, precision=precision, impl="interpret"),
@@ -146,8 +152,10 @@ def test_recipe_interpret_equals_xla_oracle(precision):
         np.testing.assert_allclose(np.asarray(g_i), np.asarray(g_x), atol=1e-5 * float(jnp.abs(g_x).max()))
 
 
-@pytest.mark.parametrize("precision,min_cos,max_rel", [("bf16", 0.9999, 0.01), ("fp8_blockwise", 0.99, 0.06),
-                                                       ("mxfp8", 0.99, 0.06), ("nvfp4_fwd_mxfp8_bwd", 0.97, 0.2)])
+@pytest.mark.parametrize("precision,min_cos,max_rel", [
+    pytest.param("bf16", 0.9999, 0.01, marks=pytest.mark.slow),
+    pytest.param("fp8_blockwise", 0.99, 0.06, marks=pytest.mark.slow),
+    ("mxfp8", 0.99, 0.06), ("nvfp4_fwd_mxfp8_bwd", 0.97, 0.2)])
 def test_recipe_gradients_close_to_f32(precision, min_cos, max_rel):
     a, w, dy = _data(96, 64, 128, 4, seed=2)
     gs = jnp.asarray([30, 0, 41, 20], jnp.int32)
@@ -156,7 +164,7 @@ def test_recipe_gradients_close_to_f32(precision, min_cos, max_rel):
     for g, r in zip(got, ref):
         cos = float(jnp.sum(g * r) / (jnp.linalg.norm(g) * jnp.linalg.norm(r)))
         assert cos >= min_cos
-    y = ops.grouped_matmul(a, w, gs, precision=precision, impl="xla")
+    y = jax.jit(lambda a, w: ops.grouped_matmul(a, w, gs, precision=precision, impl="xla"))(a, w)
     y32 = gmm_ref(a, w, gs)
     assert float(jnp.linalg.norm(y - y32) / jnp.linalg.norm(y32)) < max_rel
 

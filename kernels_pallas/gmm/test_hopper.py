@@ -11,9 +11,11 @@ import pytest
 
 from kernels_pallas.gmm import groups
 from kernels_pallas.gmm.reference import gmm_ref, tgmm_ref
+from kernels_pallas import api
 from kernels_pallas.quant import reference as qref
 
 interp = pytest.importorskip("jax._src.pallas.mosaic_gpu.interpret.params")
+_qz = lambda x, fmt, axis, **kw: api.quantize(x, fmt, axis, impl="xla", **kw)
 e4 = lambda c: jax.lax.bitcast_convert_type(c, jnp.float8_e4m3fn)
 
 
@@ -25,7 +27,7 @@ def _check(out, da, db, gs, k, wgrad=False):
     assert (err <= bound + 1e-30).all(), err.max()
 
 
-@pytest.mark.parametrize("recipe", ["fp8_blockwise", "mxfp8"])
+@pytest.mark.parametrize("recipe", ["fp8_blockwise", pytest.param("mxfp8", marks=pytest.mark.slow)])
 def test_hopper_gmm_in_gpu_interpreter(recipe):
     from kernels_pallas.gmm import hopper
 
@@ -34,18 +36,18 @@ def test_hopper_gmm_in_gpu_interpreter(recipe):
     gs = jnp.array([40, 0, 70], jnp.int32)  # empty group, ragged sizes, 18 unused rows
     p = interp.InterpretGPUParams()
     if recipe == "fp8_blockwise":
-        qa, qw = qref.quantize(a, "fp8_blockwise", 1), qref.quantize(w, "fp8_blockwise", 1, tile=(128, 128))
+        qa, qw = _qz(a, "fp8_blockwise", 1), _qz(w, "fp8_blockwise", 1, tile=(128, 128))
         y = hopper.fp8_blockwise_gmm_hopper(e4(qa.data), qa.scales, e4(jnp.swapaxes(qw.data, 1, 2)),
                                             qw.scales, gs, interpret=p)
     else:
-        qa, qw = qref.quantize(a, "mxfp8_e4m3", 1), qref.quantize(w, "mxfp8_e4m3", 1)
+        qa, qw = _qz(a, "mxfp8_e4m3", 1), _qz(w, "mxfp8_e4m3", 1)
         y = hopper.mxfp8_gmm_hopper(e4(qa.data), qa.scales, e4(jnp.swapaxes(qw.data, 1, 2)), qw.scales,
                                     gs, interpret=p)
     _check(y, qref.dequantize(qa), qref.dequantize(qw), gs, 256)
     assert (np.asarray(y)[110:] == 0).all()
 
 
-@pytest.mark.parametrize("recipe", ["fp8_blockwise", "mxfp8"])
+@pytest.mark.parametrize("recipe", [pytest.param("fp8_blockwise", marks=pytest.mark.slow), "mxfp8"])
 def test_hopper_wgrad_in_gpu_interpreter(recipe):
     from kernels_pallas.gmm import hopper
 
@@ -55,7 +57,7 @@ def test_hopper_wgrad_in_gpu_interpreter(recipe):
     align, fmt = (128, "fp8_blockwise") if recipe == "fp8_blockwise" else (32, "mxfp8_e4m3")
     xp, pgs, _ = groups.pad_groups(x, gs, align, 128)
     dp, _, _ = groups.pad_groups(dy, gs, align, 128)
-    qx, qd = qref.quantize(xp, fmt, 0), qref.quantize(dp, fmt, 0)
+    qx, qd = _qz(xp, fmt, 0), _qz(dp, fmt, 0)
     f = hopper.fp8_blockwise_tgmm_hopper if recipe == "fp8_blockwise" else hopper.mxfp8_tgmm_hopper
     dw = f(e4(qx.data.T), qx.scales, e4(qd.data.T), qd.scales, pgs, interpret=interp.InterpretGPUParams())
     _check(dw, qref.dequantize(qx), qref.dequantize(qd), pgs, xp.shape[0], wgrad=True)

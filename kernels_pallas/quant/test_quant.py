@@ -34,7 +34,7 @@ def q_np(x, fmt, impl, **kw):
 
 # ------------------------------------------------------------------ golden vectors
 def test_golden_pinned_versions(golden):
-    assert list(golden["versions"]) == ["2.13.0+cpu", "0.18.0"] or golden["versions"][1] == "0.18.0"
+    assert str(golden["versions"][1]) == "0.18.0"  # torchao version the golden bytes come from
 
 
 @pytest.mark.parametrize("impl", IMPLS)
