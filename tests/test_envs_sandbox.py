@@ -131,12 +131,15 @@ def _workspace_tree(sb) -> dict:
 def test_snapshot_and_fork_keep_changes_and_deletions(repo_env):
     _, env = repo_env
     with start(env) as sb:
-        sb.exec("rm -r pkg/sub; echo v1 > state.txt; rm README.md")
+        sb.exec("rm -r pkg/sub; echo v1 > state.txt; rm README.md; ln -s state.txt lnk; "
+                "mkfifo pipe; chmod 700 run.sh; mkdir -p new/deep && printf '\\000x' > new/deep/b")
         p = sb.exec("sleep 60", background=True)  # a live process does not block the snapshot
         with sb.fork() as child:
             assert child.read_file("state.txt") == "v1\n"
             r = child.exec("ls pkg; test -e README.md; echo $?")
             assert r.stdout == "__init__.py\ncore.py\n1\n"  # whiteouts and opaque dirs survived
+            r = child.exec("readlink lnk; test -p pipe && echo fifo; stat -c %a run.sh; od -c new/deep/b | head -1")
+            assert r.stdout.split("\n")[:3] == ["state.txt", "fifo", "700"] and "\\0   x" in r.stdout, r
             child.exec("echo child > state.txt")
             assert sb.read_file("state.txt") == "v1\n"  # forks are independent
         snap = sb.snapshot()

@@ -29,5 +29,5 @@ def derive_env(env_id: str, patch: str | bytes) -> str:
             raise ValueError(f"patch does not apply to {env_id}: {r.stderr.strip()[:2000]}")
         upper = os.path.join(sb.dir, "rw", "upper")
         with sb._frozen():
-            return images.new_layer_env(env_id, lambda dst: _copy_layer(upper, dst), env_id=new_id,
+            return images.new_layer_env(env_id, lambda dst: _copy_layer(upper, sb._root_fd, dst), env_id=new_id,
                                         extra_meta={"patch_sha256": hashlib.sha256(data).hexdigest()})

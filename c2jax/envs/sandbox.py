@@ -542,13 +542,13 @@ class Sandbox:
     def snapshot(self) -> str:
         """Freeze the workspace's current state as a new environment; returns its env_id.
 
-        The sandbox is frozen (cgroup freezer) while its writable layer is copied, so the
-        snapshot is consistent; deletions are kept as overlayfs whiteouts.
+        The sandbox is frozen (cgroup freezer) while its changes are copied, so the snapshot is
+        consistent; contents are read through the merged view, deletions kept as whiteouts.
         """
         self._check_alive()
         upper = os.path.join(self.dir, "rw", "upper")
         with self._frozen():
-            return images.new_layer_env(self.env_id, lambda dst: _copy_layer(upper, dst))
+            return images.new_layer_env(self.env_id, lambda dst: _copy_layer(upper, self._root_fd, dst))
 
     def fork(self, **overrides: Any) -> "Sandbox":
         """A new sandbox starting from this one's current workspace (processes are not copied)."""
@@ -723,16 +723,46 @@ class _Frozen:
             self.sb._cg.freeze(False)
 
 
-def _copy_layer(src: str, dst: str) -> None:
-    """Copy an overlay upper dir (keeping whiteouts, xattrs, modes, symlinks) into a new layer."""
-    subprocess.run(["cp", "-a", "--", src, dst], check=True, capture_output=True)
-    for xattr_dir, _, _ in os.walk(dst):
-        try:  # origin/impure xattrs describe the *old* lower layers; drop them
-            for attr in os.listxattr(xattr_dir, follow_symlinks=False):
-                if attr.endswith(("overlay.origin", "overlay.impure")):
-                    os.removexattr(xattr_dir, attr, follow_symlinks=False)
-        except OSError:
-            pass
+def _copy_layer(upper: str, root_fd: int, dst: str) -> None:
+    """Write the sandbox's changes as a new overlay layer at `dst`.
+
+    The *structure* (which names changed, whiteouts for deletions, opaque directories, modes)
+    comes from the upper dir's metadata; file *contents* and link targets are read through the
+    merged /workspace view with the escape-proof file API, never from the mounted upper dir.
+    Called while the sandbox is frozen, so both agree. FIFOs are recreated; sockets are skipped
+    (they mean nothing once their process is gone).
+    """
+    os.mkdir(dst, 0o755)
+
+    def walk(rel: str) -> None:
+        src_dir = os.path.join(upper, rel)
+        for name in sorted(os.listdir(src_dir)):
+            r = f"{rel}/{name}" if rel else name
+            src, out = os.path.join(upper, r), os.path.join(dst, r)
+            st = os.lstat(src)
+            if images.is_whiteout(st):
+                os.mknod(out, stat.S_IFCHR | 0o000, os.makedev(0, 0))
+            elif stat.S_ISDIR(st.st_mode):
+                os.mkdir(out)
+                os.chmod(out, stat.S_IMODE(st.st_mode))
+                if images.is_opaque(src):
+                    os.setxattr(out, "user.overlay.opaque", b"y", follow_symlinks=False)
+                walk(r)
+            elif stat.S_ISLNK(st.st_mode):
+                head, _, leaf = r.rpartition("/")
+                dfd = fsops.openat2(root_fd, head or ".", os.O_PATH | os.O_DIRECTORY)
+                try:
+                    os.symlink(os.readlink(leaf, dir_fd=dfd), out)
+                finally:
+                    os.close(dfd)
+            elif stat.S_ISREG(st.st_mode):
+                with open(out, "wb") as f:
+                    f.write(fsops.read_bytes(root_fd, r))
+                os.chmod(out, stat.S_IMODE(st.st_mode))
+            elif stat.S_ISFIFO(st.st_mode):
+                os.mkfifo(out, stat.S_IMODE(st.st_mode))
+
+    walk("")
 
 
 def _session_of(host_pid: int, pidns: str) -> int | None:
