@@ -226,3 +226,41 @@ def scaled_tgmm_hopper(x_t, sx, dy_t, sdy, group_sizes, *, block_t: int, block_m
         **({} if interpret is None else {"interpret": interpret}))
     out = kernel(chunk_start, n_chunks, x_t, sx, dy_in, sdy)
     return jnp.where((gs > 0)[:, None, None], out, 0).astype(out_dtype)
+
+
+def nvfp4_gmm_hopper(a_packed, a_scales, a_global, w_packed, w_scales, w_global, group_sizes, *,
+                     block_m: int = 64, block_n: int = 64, block_k: int = 64, interpret=None) -> jax.Array:
+    """NVFP4 forward on Hopper (no FP4 tensor cores): dequantise both operands to BF16 (exact:
+    E2M1 x E4M3 has at most 6 significant bits) in a fused XLA pre-pass, run JAX's BF16 Mosaic GPU
+    ragged dot (`ragged_dot_mgpu`, FP32 accumulation, BF16 output), then apply the FP32 global
+    decode scales (per row of A, per expert of W) as the epilogue. Not the in-kernel dequantisation
+    (which would save the BF16 round trip through HBM); written as the correct-semantics baseline.
+
+    a_packed (M, K/2) uint8, a_scales (M, K/16) e4m3 bytes, a_global (M, 1); w_packed (G, K/2, N),
+    w_scales (G, K/16, N), w_global (G, 1, 1) -> (M, N) f32."""
+    from jax.experimental.pallas.ops.gpu.ragged_dot_mgpu import ragged_dot
+
+    from kernels_pallas import bits
+    from kernels_pallas.gmm.groups import group_bounds
+
+    def deq(packed, scales, axis):
+        codes = jnp.moveaxis(bits.unpack_nibbles(jnp.moveaxis(packed, axis, -1)), -1, axis)
+        s = jnp.repeat(jax.lax.bitcast_convert_type(scales, jnp.float8_e4m3fn).astype(jnp.float32), 16, axis=axis)
+        return (bits.e2m1_decode(codes) * s).astype(jnp.bfloat16)
+
+    a = deq(a_packed, a_scales, 1)
+    w = deq(w_packed, w_scales, 1)
+    call = functools.partial(ragged_dot, group_sizes=group_sizes.astype(jnp.int32), block_m=block_m,
+                             block_n=block_n, block_k=block_k, max_concurrent_steps=2, grid_block_n=1)
+    if interpret is None:
+        y = call(a, w)
+    else:
+        from jax._src.pallas.mosaic_gpu.interpret.params import force_gpu_interpret_mode
+        with force_gpu_interpret_mode(interpret):
+            y = call(a, w)
+    m = a.shape[0]
+    starts, ends = group_bounds(group_sizes)
+    rows = jnp.arange(m)
+    grp = jnp.clip(jnp.searchsorted(ends, rows, side="right"), 0, w_global.shape[0] - 1)
+    out = y.astype(jnp.float32) * a_global * w_global.reshape(-1)[grp][:, None]
+    return jnp.where(rows[:, None] < ends[-1], out, 0)

@@ -90,6 +90,10 @@ def _fwd_gemm(a, w, gs, fmt_pair, impl):
         qw = _q(w, "nvfp4", 1, group_axis=0)
         if impl == "xla":
             return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+        if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper: BF16 wgmma (hopper.py)
+            from kernels_pallas.gmm.hopper import nvfp4_gmm_hopper
+            return nvfp4_gmm_hopper(qa.data, qa.scales, qa.global_scale, qw.data, qw.scales,
+                                    qw.global_scale, gs)
         return _kernel_gmm((qa.data, _e4m3(qa.scales), qa.global_scale),
                            (qw.data, _e4m3(qw.scales), qw.global_scale), gs, "nvfp4", m, k, n, impl)
     raise ValueError(fmt_pair)

@@ -62,3 +62,23 @@ def test_hopper_wgrad_in_gpu_interpreter(recipe):
     dw = f(e4(qx.data.T), qx.scales, e4(qd.data.T), qd.scales, pgs, interpret=interp.InterpretGPUParams())
     _check(dw, qref.dequantize(qx), qref.dequantize(qd), pgs, xp.shape[0], wgrad=True)
     assert (np.asarray(dw)[1] == 0).all()
+
+
+@pytest.mark.slow
+def test_hopper_nvfp4_forward_in_gpu_interpreter():
+    """BF16 output: bound adds half a BF16 ulp of the output to the FP32 summation bound."""
+    from kernels_pallas.gmm import hopper
+
+    a = jax.random.normal(jax.random.key(0), (128, 128))
+    w = jax.random.normal(jax.random.key(1), (3, 128, 64))
+    gs = jnp.array([40, 0, 70], jnp.int32)
+    qa = _qz(a, "nvfp4_per_token", 1)
+    qw = _qz(w, "nvfp4", 1, group_axis=0)
+    y = hopper.nvfp4_gmm_hopper(qa.data, qa.scales, qa.global_scale, qw.data, qw.scales, qw.global_scale,
+                                gs, interpret=interp.InterpretGPUParams())
+    da, dw = qref.dequantize(qa), qref.dequantize(qw)
+    ref = np.asarray(gmm_ref(da, dw, gs))
+    mag = np.asarray(gmm_ref(jnp.abs(da), jnp.abs(dw), gs))
+    err = np.abs(np.asarray(y) - ref)
+    assert (err <= 4 * 140 * 2.0 ** -24 * mag + 2.0 ** -8 * np.abs(ref) * 1.01 + 1e-30).all(), err.max()
+    assert (np.asarray(y)[110:] == 0).all()
