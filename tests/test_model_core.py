@@ -128,10 +128,13 @@ def test_moe_impls_match_dense_reference(monkeypatch):
     idx = jnp.asarray(np.stack([rng.choice(e, k, replace=False, p=skew) for _ in range(n)]), jnp.int32)
     w = jnp.asarray(rng.uniform(size=(n, k)), jnp.float32)
     ref = np.zeros((n, d))
+    pn = {key: np.asarray(v, np.float64) for key, v in p.items()}
+    xn, idn, wn = np.asarray(x, np.float64), np.asarray(idx), np.asarray(w, np.float64)
     for t, j in itertools.product(range(n), range(k)):
-        ei = int(idx[t, j])
-        h = jax.nn.silu(x[t] @ p["gate_proj"][ei]) * (x[t] @ p["up_proj"][ei])
-        ref[t] += float(w[t, j]) * np.asarray(h @ p["down_proj"][ei])
+        ei = idn[t, j]
+        g = xn[t] @ pn["gate_proj"][ei]
+        h = g / (1 + np.exp(-g)) * (xn[t] @ pn["up_proj"][ei])
+        ref[t] += wn[t, j] * (h @ pn["down_proj"][ei])
     m = preset("tiny").moe.__class__(n_routed_experts=e, top_k=k, capacity_factor=e / k)
     for name, lowering in (("dropless", "ragged"), ("dropless", "tiled"), ("capacity", None)):
         monkeypatch.setattr(moe_impls, "DROPLESS_LOWERING", lowering or "auto")
