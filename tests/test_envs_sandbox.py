@@ -315,3 +315,21 @@ def test_failed_start_is_a_clear_sandbox_error_and_leaves_nothing(envs_state, tm
         assert sandboxes_dir() not in f.read()
     with pytest.raises(SandboxError, match="unknown environment"):
         start("env-does-not-exist")
+
+
+def test_hidden_paths_cover_usr_and_env(repo_env):
+    """images.hide_paths_env covers files and directories outside /workspace, including inside
+    /env (the venv is bound after /usr, so covers must be mounted after it)."""
+    from c2jax.envs.images import hide_paths_env
+
+    _, env = repo_env
+    hidden = hide_paths_env(env, ["/env/pyvenv.cfg", "/env/bin/", "/usr/share/doc/"])
+    with start(hidden) as sb:
+        r = sb.exec("wc -c < /env/pyvenv.cfg; ls /env/bin | wc -l; ls /usr/share/doc | wc -l; ls /usr/bin | wc -l")
+        size, n_bin, n_doc, n_usr_bin = (int(x) for x in r.stdout.split())
+        assert (size, n_bin, n_doc) == (0, 0, 0) and n_usr_bin > 10, r
+        assert sb.exec("touch /usr/share/doc/x").exit_code != 0  # covers are read-only
+    with start(env) as sb:  # the parent environment is unchanged
+        assert int(sb.exec("ls /env/bin | wc -l").stdout) > 0
+    with pytest.raises(SandboxError):
+        hide_paths_env(env, ["/workspace/pkg/"])

@@ -328,16 +328,18 @@ class Sandbox:
             a += ["--ro-bind", interp.host_prefix, images.SANDBOX_PREFIX_PYTHON]
         for hidden in interp.hide:  # the interpreter's own site-packages stay invisible
             a += ["--tmpfs", hidden, "--remount-ro", hidden]
-        for hidden in spec.hide:  # per-environment hiding: a directory becomes empty, a file empty
-            if hidden.endswith("/"):
-                a += ["--tmpfs", hidden.rstrip("/"), "--remount-ro", hidden.rstrip("/")]
-            else:
-                a += ["--ro-bind", state.empty_file(), hidden]
         a += ["--proc", "/proc", "--dev", "/dev"]
         a += ["--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
         a += ["--bind" if spec.venv_writable else "--ro-bind", spec.venv, ENV_DIR]
         if spec.wheelhouse:
             a += ["--ro-bind", os.path.abspath(spec.wheelhouse), "/wheelhouse"]
+        # Per-environment hiding (images.hide_paths_env), after every bind it may cover (/usr,
+        # /env, /opt/python): a directory becomes empty, a file empty.
+        for hidden in spec.hide:
+            if hidden.endswith("/"):
+                a += ["--tmpfs", hidden.rstrip("/"), "--remount-ro", hidden.rstrip("/")]
+            else:
+                a += ["--ro-bind", state.empty_file(), hidden]
         if spec.overlay:
             for layer in spec.layers:
                 a += ["--overlay-src", layer]
