@@ -50,7 +50,7 @@ SUITES: dict[str, SuiteSpec] = {
         stdlib_modules=("graphlib", "colorsys", "getopt"),
         installed=(("simplejson", ("simplejson/tests/test_decode.py", "simplejson/tests/test_dump.py",
                                    "simplejson/tests/test_scanstring.py")),),
-        targets=Targets(bug=3, multi_bug=1, feature_deletion=2, max_attempts=24),
+        targets=Targets(bug=2, multi_bug=1, feature_deletion=2, max_attempts=20),
         eval_codebases=("simplejson",), min_tasks=8, min_codebases=2),
     "c2bench": SuiteSpec(
         stdlib_modules=("graphlib", "colorsys", "getopt", "statistics", "configparser", "optparse", "netrc",

@@ -352,7 +352,8 @@ def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: fl
                 if _through_symlink(task.env_id, p):
                     problems.append(f"path through a symlink {p!r}")
         except SandboxError as e:
-            return GradeResult(0.0, False, 0.0, 0, True, [f"infra:{e}"[:300]], duration_s=time.monotonic() - t0)
+            return GradeResult(0.0, False, 0.0, 0, True, ["infra:sandbox"], duration_s=time.monotonic() - t0,
+                               detail=str(e)[:2000])
     if problems:
         return GradeResult(0.0, False, 0.0, len(task.hidden_tests.PASS_TO_PASS), False, ["unsafe_diff"],
                            duration_s=time.monotonic() - t0, detail="; ".join(problems[:5]))
@@ -372,7 +373,7 @@ def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: fl
         gold = _gold_cache.get(key)
         if gold is None:
             try:
-                gold = run_tests(task, task.patch, timeout_s=timeout_s)
+                gold = run_tests(task, task.patch)  # the task's own verify timeout
             except (ValueError, SandboxError) as e:
                 result.masked = True
                 result.flags.append("infra:gold_failed")
