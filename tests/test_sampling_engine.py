@@ -209,3 +209,12 @@ def test_config_section_validated_and_builds_engine(params):
     msg = str(e.value)
     for key in ("sampling.max_slots", "sampling.prefill_chunk", "sampling.moe_impl", "sampling.spec_decode"):
         assert key in msg, msg
+
+
+def test_batch1_skips_unchosen_experts_exactly(params):
+    """max_slots 1: the all-experts kernel uses the split layout and skips experts no token chose."""
+    eng = Engine(params, CFG, dataclasses.replace(ENGINE_CFG, max_slots=1))
+    assert "gate_up_e" in eng.params["moe"][0]["moe"]["experts"]
+    rng = np.random.default_rng(6)
+    for r in eng.generate([Request(p, _greedy(10)) for p in random_prompts(rng, [5, 30])]):
+        check_greedy_and_logprobs(params, r)

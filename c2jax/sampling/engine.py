@@ -482,8 +482,12 @@ class Engine:
     def _prepare(self, params: dict) -> dict:
         """The engine's working copy of the weights: per layer (forward.py), routed experts in the
         fused layout when the all-experts kernel serves them (moe_dense.py)."""
-        fuse = self.run_cfg.moe.impl == moe_dense.NAME and moe_dense.can_fuse(self.run_cfg)
-        return prepare(params, self.run_cfg, fuse)
+        layout = None
+        if self.run_cfg.moe.impl == moe_dense.NAME and moe_dense.can_fuse(self.run_cfg):
+            # few tokens per step: skip the experts nobody chose; else one fused matmul
+            m = self.run_cfg.moe
+            layout = "split" if self.config.max_slots * m.top_k * 2 <= m.n_routed_experts else "fused"
+        return prepare(params, self.run_cfg, layout)
 
     def _apply_update(self, params: dict, version: int) -> None:
         self.params, self.version = self._prepare(params), int(version)

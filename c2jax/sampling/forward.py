@@ -32,12 +32,13 @@ def _unstack(tree, n: int) -> list:
     return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(n)]
 
 
-def serving_params(params: dict, cfg: ModelConfig, fuse_experts: bool) -> dict:
+def serving_params(params: dict, cfg: ModelConfig, expert_layout: Optional[str]) -> dict:
     """Per-layer weights: {embed, final_norm, lm_head, dense: [..], moe: [..], mtp: [..]}.
-    With `fuse_experts`, routed experts use moe_dense's fused gate/up layout."""
+    `expert_layout`: None (model layout), 'fused' or 'split' (moe_dense's serving layouts)."""
     def moe_layer(lp):
-        if fuse_experts:
-            lp = dict(lp, moe=dict(lp["moe"], experts=moe_dense.fuse_experts(lp["moe"]["experts"])))
+        if expert_layout is not None:
+            fn = {"fused": moe_dense.fuse_experts, "split": moe_dense.split_experts}[expert_layout]
+            lp = dict(lp, moe=dict(lp["moe"], experts=fn(lp["moe"]["experts"])))
         return lp
 
     sp = {"embed": params["embed"], "final_norm": params["final_norm"], "lm_head": params["lm_head"],
@@ -51,9 +52,9 @@ def serving_params(params: dict, cfg: ModelConfig, fuse_experts: bool) -> dict:
 _serving_jit = jax.jit(serving_params, static_argnums=(1, 2))
 
 
-def prepare(params: dict, cfg: ModelConfig, fuse_experts: bool) -> dict:
+def prepare(params: dict, cfg: ModelConfig, expert_layout: Optional[str]) -> dict:
     """`serving_params`, compiled (one pass over the weights; fresh buffers)."""
-    return _serving_jit(params, cfg, fuse_experts)
+    return _serving_jit(params, cfg, expert_layout)
 
 
 def init_serving_cache(cfg: ModelConfig, slots: int, max_len: int, dtype: Optional[str] = None) -> dict:

@@ -12,7 +12,10 @@ with ``comb[n, e]`` the gate weight of expert e for token n (0 if not chosen) an
 ``act = silu(x @ gate_e) * (x @ up_e)``. For speed the gate and up projections of all experts
 are ONE matmul against a serving layout ``gate_up [D, E*2*F]`` prepared once per weight version
 by `fuse_experts` (called from forward.serving_params) (a batched [E, N, D] einsum with tiny N runs at a tenth of the matmul rate on
-CPU); the down projection is one matmul with contraction E*F. Without the serving layout (or for
+CPU); the down projection is one matmul with contraction E*F. With very few tokens per step
+(``slots * top_k <= E / 2``, e.g. batch 1) the engine uses the 'split' layout instead
+(``gate_up_e [E, D, 2F]``) and each expert runs under `lax.cond` only if some token chose it, so
+a step reads only the chosen experts' weights. Without the serving layout (or for
 the low-precision recipes, which go through `kernels_pallas`) it falls back to the model's
 `batched_expert_matmul`, so ``moe.precision`` is honoured exactly as elsewhere.
 
@@ -43,6 +46,18 @@ def dense_all_experts_moe(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m
     e = m.n_routed_experts
     n, d = x.shape
     comb = jnp.zeros((n, e), jnp.float32).at[jnp.arange(n)[:, None], idx].add(w)  # [N, E]
+    if "gate_up_e" in p and m.precision in _FAST_PRECISIONS:
+        # per expert, skipped (lax.cond) when no token chose it: reads only the hit experts
+        hit = (idx[:, :, None] == jnp.arange(e)[None, None, :]).any((0, 1))  # [E]
+        f = p["down_proj"].shape[1]
+        y = jnp.zeros((n, d), x.dtype)
+        for ei in range(e):
+            def run(y, ei=ei):
+                h = _mm(x, p["gate_up_e"][ei], m.precision, x.dtype)  # [N, 2F]
+                act = jax.nn.silu(h[:, :f]) * h[:, f:] * comb[:, ei:ei + 1].astype(x.dtype)
+                return y + _mm(act, p["down_proj"][ei], m.precision, x.dtype)
+            y = jax.lax.cond(hit[ei], run, lambda y: y, y)
+        return y, jnp.zeros((), jnp.float32)
     if "gate_up" in p and m.precision in _FAST_PRECISIONS:
         f = p["down_proj"].shape[1]
         h = _mm(x, p["gate_up"], m.precision, x.dtype).reshape(n, e, 2, f)  # [N, E, 2, F]
@@ -64,6 +79,12 @@ def fuse_experts(experts: dict) -> dict:
     E, D, F = g.shape
     gu = jnp.transpose(jnp.stack([g, u], axis=1), (2, 0, 1, 3)).reshape(D, E * 2 * F)
     return {"gate_up": gu, "down_proj": experts["down_proj"]}
+
+
+def split_experts(experts: dict) -> dict:
+    """Serving layout for the skip-unused-experts path: {gate_up_e [E, D, 2F], down_proj}."""
+    return {"gate_up_e": jnp.concatenate([experts["gate_proj"], experts["up_proj"]], axis=-1),
+            "down_proj": experts["down_proj"]}
 
 
 def can_fuse(cfg: ModelConfig) -> bool:
