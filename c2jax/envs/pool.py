@@ -249,12 +249,12 @@ class SandboxPool:
         if self._bg is not None:
             self._bg.join(timeout=30)
         for sb in warm:
-            sb.close()
+            sb.close(wait=True)
         with self._cond:
             late = list(self._warm)
             self._warm.clear()
         for sb in late:
-            sb.close()
+            sb.close(wait=True)
 
     def __enter__(self) -> "SandboxPool":
         return self

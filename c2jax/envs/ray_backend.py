@@ -119,9 +119,12 @@ class SandboxActor:
         return {**self.pool.metrics(), "leases": len(self.leases)}
 
     def shutdown(self) -> None:
+        from c2jax.envs.sandbox import flush_cleanup
+
         for sid in list(self.leases):
             self.close(sid)
         self.pool.close()
+        flush_cleanup()  # the actor may be killed right after: finish removing files and cgroups
 
 
 class RaySandbox:
