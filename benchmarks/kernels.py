@@ -87,7 +87,12 @@ def bench_gmm(m: int, k: int, n: int, g: int, impl: str, peaks):
         fo = jax.jit(lambda a, w, p=p: api.grouped_matmul(a, w, gs, precision=p, impl="xla"))
         loss = lambda a, w, p=p: jnp.sum(api.grouped_matmul(a, w, gs, precision=p, impl=impl) * dy)
         gk = jax.jit(jax.grad(loss, (0, 1)))
-        yk, yo = fk(a, w), fo(a, w)
+        try:
+            yk = fk(a, w)
+        except NotImplementedError as e:  # e.g. f32/bf16 have no GPU kernel under impl='pallas'
+            print(f"{p:20s} no {impl} kernel: {str(e)[:70]}")
+            continue
+        yo = fo(a, w)
         agree = float(jnp.max(jnp.abs(yk - yo)) / jnp.max(jnp.abs(yo)))
         rel = float(jnp.linalg.norm(yk - y32) / jnp.linalg.norm(y32))
         t = timeit(fk, a, w)
