@@ -91,7 +91,36 @@ def _multiplicities(comps: dict[str, list[str]], entry: Optional[str]) -> dict[s
     return dict(mult)
 
 
-def _groups(line: str) -> list[list[int]]:
+def _mesh_groups(line: str) -> list[list[int]] | None:
+    """XLA's mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'} (optionally with a
+    device order <=[dims]T(perm) after the bracket): groups vary along the listed axes."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?)?\s*\{([^}]*)\}", line)
+    if not m:
+        return None
+    axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+    names = [a for a, _ in axes]
+    shape = [int(n) for _, n in axes]
+    total = int(np.prod(shape)) if shape else 1
+    if m.group(2):
+        dims = [int(x) for x in m.group(2).split(",")]
+        ids = np.arange(int(np.prod(dims))).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+        ids = ids.reshape(shape)
+    else:
+        ids = np.arange(total).reshape(shape)
+    listed = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(4)) if a in names]
+    if not listed:
+        return [[i] for i in ids.ravel().tolist()]
+    rest = [i for i in range(len(shape)) if i not in listed]
+    g = ids.transpose(rest + listed).reshape(-1, int(np.prod([shape[i] for i in listed])))
+    return g.tolist()
+
+
+def _groups(line: str, n_devices: int = 0) -> list[list[int]]:
+    mg = _mesh_groups(line)
+    if mg is not None:
+        return mg
     m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
     if m:
         shape = [int(x) for x in m.group(1).split(",")]
@@ -100,6 +129,8 @@ def _groups(line: str) -> list[list[int]]:
         if m.group(3):
             ids = ids.transpose([int(x) for x in m.group(3).split(",")])
         return ids.reshape(shape).tolist()
+    if "replica_groups={}" in line:  # empty = one group of every device
+        return [list(range(n_devices))] if n_devices else []
     m = re.search(r"replica_groups=\{(\{[\d,{} ]*\})\}", line)
     if m:
         return [[int(x) for x in g.split(",") if x.strip()] for g in re.findall(r"\{([\d, ]*)\}", m.group(1))]
@@ -146,7 +177,7 @@ def collective_stats(compiled_text: str, mesh=None) -> dict:
             else:
                 operands = rest.split("),")[0]
                 nbytes = _bytes(operands) or _bytes(result_type)
-            axes = _axes_of(_groups(line), mesh)
+            axes = _axes_of(_groups(line, 0 if mesh is None else mesh.devices.size), mesh)
             by_kind[kind] += nbytes * k
             by_axes[axes] += nbytes * k
             dt = _SHAPE.search(result_type)
