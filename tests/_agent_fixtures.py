@@ -1,0 +1,87 @@
+"""Shared fixtures for tests/test_agent_*.py and tests/test_serve_*.py (not collected: no test_ prefix).
+
+A small tokenizer trained in-process (stdlib json modules plus the tool names, under a second), a
+private environments state directory, and a tiny repository with a bug and a test script.
+"""
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import sysconfig
+import tempfile
+
+import pytest
+
+from c2jax.envs.bwrap import bwrap_path
+from c2jax.envs.errors import SandboxError
+
+REPO_FILES = {
+    "pkg/__init__.py": "",
+    "pkg/calc.py": "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n",
+    "pkg/text.py": "def shout(s):\n    \"\"\"Upper-case a greeting.\"\"\"\n    return s.upper() + '!'\n",
+    "run_tests.py": ("from pkg.calc import add, mul\n\nassert mul(2, 3) == 6\nassert add(2, 3) == 5, add(2, 3)\n"
+                     "print('all tests passed')\n"),
+    "README.md": "calc: tiny arithmetic helpers\n",
+}
+FIX_PATCH = ("diff --git a/pkg/calc.py b/pkg/calc.py\n--- a/pkg/calc.py\n+++ b/pkg/calc.py\n@@ -1,5 +1,5 @@\n"
+             " def add(a, b):\n-    return a - b\n+    return a + b\n \n \n def mul(a, b):\n")
+
+
+def _bwrap_problem() -> str | None:
+    try:
+        bwrap_path()
+        return None
+    except SandboxError as e:
+        return str(e)
+
+
+BWRAP_PROBLEM = _bwrap_problem()
+needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"no usable bwrap: {BWRAP_PROBLEM}")
+
+
+@functools.lru_cache(maxsize=None)
+def agent_tokenizer(vocab_size: int = 1024):
+    """Byte-level BPE trained on a few stdlib modules and the tool vocabulary."""
+    from c2jax.agent.tools import SCHEMAS
+    from c2jax.data.tokenizer import train_tokenizer
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    texts = []
+    for f in sorted(glob.glob(os.path.join(stdlib, "json", "*.py"))):
+        with open(f, encoding="utf-8") as fh:
+            texts.append(fh.read())
+    texts += [f"functions.{n}:{i}" for n in SCHEMAS for i in range(3)] * 5
+    return train_tokenizer(texts, vocab_size=vocab_size)
+
+
+@functools.lru_cache(maxsize=None)
+def chat_format():
+    from c2jax.data.chat_format import ChatFormat
+
+    return ChatFormat(agent_tokenizer())
+
+
+_STATE: dict = {}
+
+
+def make_repo(root: str) -> str:
+    for rel, text in REPO_FILES.items():
+        p = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "w") as f:
+            f.write(text)
+    return root
+
+
+@pytest.fixture(scope="module")
+def repo_env():
+    """(repo dir, env id) of the buggy repository, built once per test session (private state dir)."""
+    if "env" not in _STATE:
+        state = tempfile.mkdtemp(prefix="c2jax_agent_state_")
+        os.environ["C2JAX_ENVS_DIR"] = state
+        from c2jax.envs import build_env
+
+        repo = make_repo(tempfile.mkdtemp(prefix="c2jax_agent_repo_"))
+        _STATE["env"] = (repo, build_env(repo))
+    return _STATE["env"]
