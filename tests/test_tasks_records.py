@@ -166,3 +166,38 @@ def test_diff_paths_and_protection_globs():
         assert is_protected(p, DEFAULT_PROTECTED), p
     for p in ("pkg/mod.py", "graphlib.py", "src/lib/core.py"):
         assert not is_protected(p, DEFAULT_PROTECTED), p
+
+
+def _fake(i: int, codebase: str, category: str, lines: int = 2, files: int = 1):
+    return record_from_json(_record()).replace(instance_id=f"t{i:03d}", codebase=codebase, category=category,
+                                               stats={"lines_changed": lines, "files_changed": files})
+
+
+def test_mix_caps_codebases_and_keeps_enough_big_feature_deletions():
+    from c2jax.envs.synth.build import enforce_mix
+
+    tasks = [_fake(i, "big", "bug_injection") for i in range(40)]
+    tasks += [_fake(100 + i, f"cb{i % 4}", "feature_deletion", 80, 3) for i in range(24)]
+    tasks += [_fake(200 + i, f"cb{i % 4}", "bug_injection") for i in range(16)]
+    kept = enforce_mix(tasks, 0.25, 0.30)
+    n = len(kept)
+    counts = {}
+    for t in kept:
+        counts[t.codebase] = counts.get(t.codebase, 0) + 1
+    assert max(counts.values()) <= 0.25 * n
+    assert sum(t.category == "feature_deletion" for t in kept) >= 0.30 * n
+    assert enforce_mix(tasks, 0.25, 0.30) == kept  # deterministic
+    with pytest.raises(ValueError, match="cannot satisfy"):
+        enforce_mix([_fake(i, f"c{i % 2}", "bug_injection") for i in range(10)], 0.25, 0.0)
+    with pytest.raises(ValueError, match="feature deletions"):
+        enforce_mix([_fake(i, f"c{i % 4}", "bug_injection") for i in range(10)], 0.5, 0.3)
+
+
+def test_difficulty_filter_keeps_tasks_solved_sometimes():
+    from c2jax.envs.synth.build import difficulty_filter
+
+    tasks = [_fake(i, "cb", "bug_injection") for i in range(4)]
+    rates = {"t000": 0.0, "t001": 0.25, "t002": 1.0, "t003": 0.75}
+    kept = difficulty_filter(tasks, lambda t: rates[t.instance_id])
+    assert [t.instance_id for t in kept] == ["t001", "t003"]
+    assert kept[0].provenance["difficulty"] == {"ref_policy_pass_rate": 0.25}

@@ -56,8 +56,8 @@ SUITES: dict[str, SuiteSpec] = {
         stdlib_modules=("graphlib", "colorsys", "getopt", "statistics", "configparser", "optparse", "netrc",
                         "plistlib", "xdrlib", "tabnanny", "filecmp", "sched"),
         pypi=tuple(p.name for p in pypi.PACKAGES),
-        targets=Targets(bug=11, multi_bug=4, feature_deletion=9, max_attempts=120),
-        stdlib_targets=Targets(bug=14, multi_bug=5, feature_deletion=11, max_attempts=150),
+        targets=Targets(bug=8, multi_bug=3, feature_deletion=7, max_attempts=60),
+        stdlib_targets=Targets(bug=10, multi_bug=4, feature_deletion=9, max_attempts=80),
         max_codebase_share=0.25, min_deletion_share=0.30, eval_codebases=heldout.EVAL_PACKAGES,
         min_tasks=200, min_codebases=8),
 }
