@@ -14,8 +14,10 @@ Infrastructure failures raise `SandboxError`; a failing command is an `ExecResul
 from c2jax.envs.errors import PoolFull, SandboxClosed, SandboxError, UnsafePath
 from c2jax.envs.images import build_env
 from c2jax.envs.limits import Limits
-from c2jax.envs.sandbox import KILLED_REASONS, ExecResult, Process, Sandbox, ShellSession, start
+from c2jax.envs.sandbox import KILLED_REASONS, ExecResult, Process, Sandbox, ShellSession, flush_cleanup, start
 from c2jax.envs.derive import derive_env
+from c2jax.envs.pool import SandboxPool
 
 __all__ = ["build_env", "start", "derive_env", "Sandbox", "ExecResult", "Process", "ShellSession",
-           "Limits", "SandboxError", "SandboxClosed", "UnsafePath", "PoolFull", "KILLED_REASONS"]
+           "Limits", "SandboxError", "SandboxClosed", "UnsafePath", "PoolFull", "KILLED_REASONS",
+           "SandboxPool", "flush_cleanup"]
