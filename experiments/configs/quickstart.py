@@ -75,7 +75,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
                              "probe_max_tokens": 256, "bigram_baseline": True}
         config.train.log_every = 1
     else:  # tiny; three_phase trains its cpt stage half as long
-        config.train = _train(steps=300 if mtp else 800, batch_size=8, seq_len=256, peak_lr=1e-2, mtp=mtp)
+        config.train = _train(steps=300 if mtp else 600, batch_size=8, seq_len=256, peak_lr=1e-2, mtp=mtp)
     if arg in ("three_phase", "smoke"):
         config.stages = ["cpt", "long_context", "sft"]
         base = config.train
