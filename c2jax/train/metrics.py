@@ -128,14 +128,18 @@ def plot_loss_curves(path: str, train: Iterable[tuple[float, float]], held_out: 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
     tr = [(x, y) for x, y in train if x > 0 and y is not None and math.isfinite(y)]
     if tr:
-        ax.plot(*zip(*tr), lw=1.0, alpha=0.7, label="train")
-    for name, pts in held_out.items():
+        ax.plot(*zip(*tr), lw=0.8, alpha=0.35, color="C0")
+        ema, sm = None, []
+        for x, y in tr:  # exponential moving average of the logged train losses
+            ema = y if ema is None else 0.8 * ema + 0.2 * y
+            sm.append((x, ema))
+        ax.plot(*zip(*sm), lw=1.5, color="C0", label="train (EMA)")
+    for i, (name, pts) in enumerate(held_out.items()):
         pts = [(x, y) for x, y in pts if x > 0 and y is not None and math.isfinite(y)]
         if pts:
-            ax.plot(*zip(*pts), marker="o", ms=3, lw=1.5, label=f"held-out {name}")
-    for name, v in (baselines or {}).items():
-        ax.axhline(v, ls="--", lw=1.0, color="gray")
-        ax.text(ax.get_xlim()[0], v, f" {name} {v:.2f}", va="bottom", fontsize=8, color="gray")
+            ax.plot(*zip(*pts), marker="o", ms=3, lw=1.5, color=f"C{1 + i}", label=f"held-out {name}")
+    for i, (name, v) in enumerate((baselines or {}).items()):
+        ax.axhline(v, ls="--", lw=1.0, color=f"C{7 + i}", label=f"{name} baseline {v:.3f}")
     for name, x in (stage_starts or {}).items():
         if x > 0:
             ax.axvline(x, ls=":", lw=0.8, color="k")

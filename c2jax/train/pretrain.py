@@ -431,7 +431,9 @@ def plot_run(workdir: str, stages: list[str], baseline: Optional[float] = None) 
         if not tr and not ev:
             continue
         tr_pts = [(r["tokens_seen"], r["loss"]) for r in tr if "loss" in r]
-        ev_pts = [(max(r.get("tokens_seen", 0), 1), r["held_out_loss"]) for r in ev if "held_out_loss" in r]
+        first_x = tr_pts[0][0] if tr_pts else 1
+        # The step-0 evaluation is drawn at the first logged step's tokens (log axis has no 0).
+        ev_pts = [(r.get("tokens_seen", 0) or first_x, r["held_out_loss"]) for r in ev if "held_out_loss" in r]
         plot_loss_curves(os.path.join(d, "loss_curve.png"), tr_pts, {"primary": ev_pts},
                          title=f"{name}", baselines={"bigram": baseline} if baseline else None)
         starts[name] = offset
