@@ -170,21 +170,20 @@ class OpenAIPolicy(Policy):
 
 @POLICIES.register("scripted")
 class ScriptedPolicy(Policy):
-    """Replays a script, one item per turn: a list of ids (emitted verbatim), a `Message` or OpenAI
-    dict (rendered with the template), or a callable `(TurnRequest) -> item`. After the script ends
-    it says `final` and stops. `requests` keeps every TurnRequest it got (for tests)."""
+    """Replays a script, item `req.turn` for turn `req.turn` (stateless across episodes, so one
+    instance can drive many concurrent episodes): a list of ids (emitted verbatim), a `Message` or
+    OpenAI dict (rendered with the template), or a callable `(TurnRequest) -> item`. After the
+    script ends it says `final` and stops. `requests` keeps every TurnRequest it got (for tests)."""
 
     name = "scripted"
 
     def __init__(self, fmt: ChatFormat, script: Sequence[Any], final: str = "Done.") -> None:
         self.fmt, self.script, self.final = fmt, list(script), final
         self.requests: list[TurnRequest] = []
-        self._i = 0
 
     def generate(self, req: TurnRequest) -> Generation:
         self.requests.append(req)
-        item: Any = self.script[self._i] if self._i < len(self.script) else Message("assistant", self.final)
-        self._i += 1
+        item: Any = self.script[req.turn] if req.turn < len(self.script) else Message("assistant", self.final)
         if callable(item):
             item = item(req)
         if isinstance(item, dict):
