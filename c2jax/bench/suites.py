@@ -53,7 +53,7 @@ SUITES: dict[str, SuiteSpec] = {
         targets=Targets(bug=2, multi_bug=1, feature_deletion=2, max_attempts=20),
         eval_codebases=("simplejson",), min_tasks=8, min_codebases=2),
     "c2bench": SuiteSpec(
-        stdlib_modules=("graphlib", "colorsys", "getopt", "statistics", "configparser", "optparse", "netrc",
+        stdlib_modules=("graphlib", "colorsys", "getopt", "configparser", "optparse", "netrc",
                         "plistlib", "xdrlib", "tabnanny", "filecmp", "sched"),
         pypi=tuple(p.name for p in pypi.PACKAGES),
         targets=Targets(bug=8, multi_bug=3, feature_deletion=7, max_attempts=60),

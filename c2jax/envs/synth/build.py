@@ -58,6 +58,7 @@ class Targets:
     deletion_min_lines: int = 50
     deletion_min_files: int = 2
     deletion_max_lines: int = 400
+    max_test_file_s: float = 20.0  # test files slower than this per gold run are not used
 
 
 @dataclasses.dataclass
@@ -338,6 +339,12 @@ def build_codebase(cb: Codebase, targets: Targets, ctx: BuildContext, split: str
         log.warning("codebase %s skipped: %s", cb.name, rep["error"])
         return []
     rep["gold"] = {t: {k: (len(v) if isinstance(v, list) else round(v, 2)) for k, v in g.items()} for t, g in gold.items()}
+    slow = [t for t in cb.test_files if gold.get(t, {}).get("wall_s", 0) / GOLD_RUNS > targets.max_test_file_s]
+    if slow:  # every candidate touching these would pay for them: drop them (and what only they test)
+        rep["dropped_slow_test_files"] = slow
+        gold = {t: g for t, g in gold.items() if t not in slow}
+        cb = dataclasses.replace(cb, test_files=[t for t in cb.test_files if t not in slow],
+                                 test_map={s: [t for t in ts if t not in slow] for s, ts in cb.test_map.items()})
     want = {"bug_injection": targets.bug, "multi_bug": targets.multi_bug, "feature_deletion": targets.feature_deletion}
     got: dict[str, list[TaskRecord]] = {k: [] for k in want}
     seen: set[str] = set()
