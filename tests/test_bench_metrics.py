@@ -64,3 +64,23 @@ def test_held_out_export_feeds_the_corpus_hook(tmp_path):
     assert names == heldout.held_out_packages() and "markdown" in names
     assert set(SUITES["c2bench"].eval_codebases) == set(heldout.EVAL_PACKAGES)
     assert json.load(open(path))["packages"] == names
+
+
+def test_unbuildable_packages_are_skipped_with_the_reason_in_the_build_report(tmp_path):
+    from c2jax.bench.suites import build_suite
+    from c2jax.envs.synth import pypi
+    from c2jax.envs.synth.sources import sdist_codebase
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    toolz = pypi.by_name("toolz")
+    (cache / toolz.filename).write_bytes(b"not the pinned sdist")  # a corrupted download
+    tasks, stats, report = build_suite("c2bench", str(tmp_path / "out"), pypi_cache=str(cache),
+                                       codebases=["toolz", "idna"])
+    assert tasks == [] and stats["n_codebases"] == 0
+    for name in ("toolz", "idna"):
+        assert "not in the PyPI cache" in report["codebases"][name]["error"]
+    assert json.load(open(tmp_path / "out" / "build_report.json"))["problems"] == report["problems"] != []
+    with pytest.raises(ValueError, match="sha256"):
+        sdist_codebase("toolz", toolz.version, str(cache / toolz.filename), toolz.sha256, "BSD-3-Clause",
+                       str(tmp_path / "cb"))

@@ -147,12 +147,12 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
         write_tasks(os.path.join(out_dir, f"{split}.jsonl"), [t for t in tasks if t.split == split])
     with open(os.path.join(out_dir, "stats.json"), "w") as f:
         json.dump(stats, f, indent=1)
-    with open(os.path.join(out_dir, "build_report.json"), "w") as f:
-        json.dump(report, f, indent=1)
     problems = []
     if len(tasks) < spec.min_tasks:
         problems.append(f"{len(tasks)} tasks < {spec.min_tasks}")
     if stats["n_codebases"] < spec.min_codebases:
         problems.append(f"{stats['n_codebases']} codebases < {spec.min_codebases}")
     report["problems"] = problems
+    with open(os.path.join(out_dir, "build_report.json"), "w") as f:
+        json.dump(report, f, indent=1)
     return tasks, stats, report
