@@ -8,7 +8,7 @@ Model FLOPs per token = 6 x (active parameters, LM head included, embedding look
 attention score/value FLOPs 6 x 2 x layers x heads x (qk_head + v_head) x S / 2 (causal), for the
 main model plus MTP modules; forward + backward. The peak is the best f32 GFLOP/s of a jitted
 square matmul (2048^3 by default) timed right before; MFU = achieved model FLOP/s / peak.
-Prints one JSON line per preset and writes them to --out (default benchmarks/results/cpt_throughput.json).
+Prints one JSON line per preset and writes them to --out (default runs/benchmarks/cpt_throughput.json).
 """
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--peak-n", type=int, default=2048)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                                  "cpt_throughput.json"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                  "runs", "benchmarks", "cpt_throughput.json"))
     args = ap.parse_args()
     rows = []
     for p in args.presets.split(","):
