@@ -186,8 +186,9 @@ def main(argv=None) -> int:
     print(f"c2jax latent cache: {ours_b:.0f} bytes/token ({cfg.num_layers} layers x "
           f"(kv_lora {a.kv_lora_rank} + rope {a.qk_rope_head_dim}) x 4 B)")
     if hf is not None:
-        print(f"transformers DynamicCache: {_hf_cache_bytes_per_token(hf, cfg):.0f} bytes/token "
-              f"(per-head K and V, formula {mha_b})")
+        print(f"transformers DynamicCache (measured): {_hf_cache_bytes_per_token(hf, cfg):.0f} bytes/token "
+              f"(transformers 5 also caches the latent, and re-expands per-head K/V over the whole history "
+              f"at every step); a per-head K/V cache would need {mha_b} bytes/token")
     else:
         print(f"per-head K/V cache of the same model (formula): {mha_b} bytes/token")
     return 0

@@ -12,6 +12,9 @@ bookkeeping only):
   pending weight update, (2) admits queued requests into free rows (continuous batching; with
   ``continuous=False`` only when every row is free: static batching, for comparison), prefilling
   each prompt in bucketed chunks into its row, (3) runs one decode step over all rows.
+* The forward is the model's own decoder block over per-layer (unstacked) serving weights
+  (forward.py); attention runs over a power-of-two window of the cache that covers the longest
+  row (``min_window`` .. ``max_len``), so a large ``max_len`` costs nothing until it is used.
 * A finished sequence's last token is still fed once (one extra step for that row) so that its
   routes exist and its row then holds the KV of the WHOLE sequence; the row keeps it after the
   sequence leaves (LRU over free rows).
@@ -30,6 +33,8 @@ bookkeeping only):
   trainer's low precision). ``moe_impl='auto'`` runs the experts with the exact all-experts
   kernel (moe_dense.py) when ``n_routed_experts <= 64`` (CPU / small models) and with
   ``'dropless'`` otherwise; the capacity implementation is never used (it drops tokens).
+* ``spec_decode=True``: greedy rows decode speculatively with the model's MTP head (spec.py);
+  output unchanged, acceptance rate in `spec_acceptance_rate`.
 * Sequences are limited to ``max_len`` tokens in total: a sequence that reaches it ends with
   ``finish_reason='length'``.
 """
