@@ -15,6 +15,7 @@ reasons, errors, gold-run summaries).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from c2jax.bench.metrics import median
 from c2jax.envs.synth import heldout, pypi
 from c2jax.envs.synth.build import BuildContext, Targets, build_codebase, enforce_mix
 from c2jax.envs.synth.sources import installed_codebase, sdist_codebase, stdlib_codebase
-from c2jax.envs.tasks import TaskRecord, write_tasks
+from c2jax.envs.tasks import TaskRecord, load_tasks, write_tasks
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +132,24 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
             log.warning("codebase %s skipped: %s", cb_name, rep["error"])
             continue
         split = "eval" if cb.name in spec.eval_codebases else "train"
-        t1 = time.monotonic()
-        got = build_codebase(cb, targets, ctx, split, report["codebases"])
-        rep["wall_s"] = round(time.monotonic() - t1, 1)
-        log.info("%s: %d tasks in %.0f s", cb.name, len(got), rep["wall_s"])
+        # Per-codebase checkpoint: a killed build resumes from the codebases already done.
+        key = hashlib.sha256(json.dumps([cb.source.sha256, seed, dataclasses.asdict(targets), split,
+                                         spec.scan_each_task]).encode()).hexdigest()[:16]
+        part = os.path.join(out_dir, "partial", f"{cb.name}-{key}.jsonl")
+        if os.path.exists(part) and os.path.exists(part + ".report.json"):
+            got = load_tasks(part)
+            with open(part + ".report.json") as f:
+                report["codebases"][cb_name] = json.load(f)
+            log.info("%s: %d tasks from the checkpoint %s", cb.name, len(got), part)
+        else:
+            t1 = time.monotonic()
+            got = build_codebase(cb, targets, ctx, split, report["codebases"])
+            rep["wall_s"] = round(time.monotonic() - t1, 1)
+            log.info("%s: %d tasks in %.0f s", cb.name, len(got), rep["wall_s"])
+            os.makedirs(os.path.dirname(part), exist_ok=True)
+            write_tasks(part, got)
+            with open(part + ".report.json", "w") as f:
+                json.dump(report["codebases"][cb.name], f, indent=1)
         tasks.extend(got)
     before = len(tasks)
     tasks = enforce_mix(tasks, spec.max_codebase_share, spec.min_deletion_share,
