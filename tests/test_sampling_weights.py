@@ -90,3 +90,14 @@ def test_update_with_recompute_matches_new_weights_forward():
         np.testing.assert_array_equal(lg_old_argmax, toks[P:P + n_old])
         np.testing.assert_array_equal(lg_new[P - 1 + n_old:-1].argmax(-1), toks[P + n_old:])
         np.testing.assert_array_equal(forward(new, toks)["routes"], r.routes)
+
+
+def test_update_with_mismatching_tree_is_rejected_and_keeps_weights():
+    import pytest
+    old = tiny_params(0, 4.0)
+    eng = Engine(old, CFG, ENGINE_CFG, version=OLD)
+    bad = jax.tree.map(lambda x: x, old)
+    bad["lm_head"] = {"kernel": jnp.zeros((CFG.hidden_size, CFG.vocab_size + 1))}
+    with pytest.raises(ValueError, match="lm_head"):
+        eng.update_weights(bad, NEW)
+    assert eng.version == OLD and eng._pending is None

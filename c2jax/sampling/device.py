@@ -95,10 +95,6 @@ def _copy_row(cache: dict, src: jax.Array, dst: jax.Array, length: jax.Array) ->
     return put_row(cache, row, dst)
 
 
-def _set_lengths(cache: dict, lengths: jax.Array) -> dict:
-    return dict(cache, lengths=lengths.astype(jnp.int32))
-
-
 @functools.lru_cache(maxsize=32)
 def compiled(cfg: ModelConfig) -> Any:
     """The jitted steps for one (static) model config; the cache argument is donated."""
@@ -106,5 +102,4 @@ def compiled(cfg: ModelConfig) -> Any:
     ns.decode = jax.jit(functools.partial(_decode, cfg), static_argnums=(0,), donate_argnums=(2,))
     ns.prefill = jax.jit(functools.partial(_prefill, cfg), static_argnums=(0,), donate_argnums=(2,))
     ns.copy_row = jax.jit(_copy_row, donate_argnums=(0,))
-    ns.set_lengths = jax.jit(_set_lengths, donate_argnums=(0,))
     return ns

@@ -44,8 +44,8 @@ import asyncio
 import collections
 import concurrent.futures
 import threading
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -90,6 +90,12 @@ class EngineConfig:
             problems.append("spec_decode needs a model with mtp_depth >= 1")
         if problems:
             raise ValueError("invalid EngineConfig: " + "; ".join(problems))
+
+
+def _shapes(params: dict) -> dict:
+    """{'a/b/c': (shape, dtype)} of every leaf: what a weight update must match."""
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {jax.tree_util.keystr(k): (tuple(v.shape), str(v.dtype)) for k, v in flat}
 
 
 @dataclass
@@ -138,6 +144,7 @@ class Engine:
             impl = moe_dense.NAME if model_cfg.moe.n_routed_experts <= 64 else "dropless"
         self.model_cfg = model_cfg
         self.run_cfg = model_cfg.replace(**{"moe.impl": impl})  # numerics: dtype + moe.precision kept
+        self._param_shapes = _shapes(params)
         self.params = self._prepare(params)
         self.version = int(version)
         self._steps = compiled(self.run_cfg)
@@ -210,7 +217,15 @@ class Engine:
         return bool(self.queue) or any(s is not None for s in self.row_seq)
 
     def update_weights(self, params: dict, version: int) -> None:
-        """Swap in new weights between two decode steps (thread-safe; nothing in flight is dropped)."""
+        """Swap in new weights between two decode steps (thread-safe; nothing in flight is dropped).
+
+        Raises ValueError (and keeps the current weights) if the tree, shapes or dtypes differ."""
+        got = _shapes(params)
+        if got != self._param_shapes:
+            diff = [k for k in sorted(set(got) | set(self._param_shapes)) if got.get(k) != self._param_shapes.get(k)]
+            raise ValueError(f"update_weights: parameter tree does not match the engine's model: "
+                             f"{len(diff)} mismatching leaves, e.g. {diff[:3]} "
+                             f"(got {[got.get(k) for k in diff[:3]]}, expected {[self._param_shapes.get(k) for k in diff[:3]]})")
         with self._lock:
             self._pending = (params, int(version))
             self._wake.notify_all()
