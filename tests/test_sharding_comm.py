@@ -19,6 +19,7 @@ ENTRY %main (a: f32[8]) -> f32[8] {
   %a2a = f32[2,3]{1,0} all-to-all(f32[2,3]{1,0} %z), channel_id=3, replica_groups={{0,2},{1,3},{4,6},{5,7}}, dimensions={0}
   %cp = bf16[10]{0} collective-permute(bf16[10]{0} %q), channel_id=4, source_target_pairs={{0,1},{1,0}}
   %all = f32[4]{0} all-reduce(f32[4]{0} %r), channel_id=5, replica_groups={}, to_apply=%add
+  %ag2 = f32[2]{0} all-gather(f32[1]{0} %s), channel_id=6, replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([2,2,2]T(1,0,2)) {'axis_0'}, dimensions={0}
 }
 """
 
@@ -32,4 +33,6 @@ def test_group_syntaxes_and_trip_counts():
     assert ops["all-to-all24"][1] == "fsdp"  # {0,2}: stride 2
     assert ops["collective-permute20"][1] == "expert"  # bf16: 2 bytes x 10
     assert ops["all-reduce16"][1] == "data+fsdp+expert"  # {} = every device
-    assert st["by_kind"]["all-gather"] == 3 * 256 and st["total"] == 3 * 256 + 3 * 32 + 24 + 20 + 16
+    # ids = iota([2,2,2]).T(1,0,2) read as [2,4]: row 0 = 0,1,4,5; groups along axis_0 = {0,2},{1,3},...
+    assert ops["all-gather8"][1] == "fsdp"
+    assert st["by_kind"]["all-gather"] == 3 * 256 + 8 and st["total"] == 3 * 256 + 8 + 3 * 32 + 24 + 20 + 16

@@ -92,24 +92,27 @@ def _multiplicities(comps: dict[str, list[str]], entry: Optional[str]) -> dict[s
 
 
 def _mesh_groups(line: str) -> list[list[int]] | None:
-    """XLA's mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'} (optionally with a
-    device order <=[dims]T(perm) after the bracket): groups vary along the listed axes."""
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?)?\s*\{([^}]*)\}", line)
+    """XLA's mesh form: replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_1'}, optionally with a
+    device order (``<=[dims]T(perm)`` or ``, device_ids=([dims]T(perm))``) after the bracket:
+    groups vary along the listed axes."""
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?|,\s*device_ids=\(\[([\d,]+)\]"
+                  r"(?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}", line)
     if not m:
         return None
     axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
     names = [a for a, _ in axes]
     shape = [int(n) for _, n in axes]
     total = int(np.prod(shape)) if shape else 1
-    if m.group(2):
-        dims = [int(x) for x in m.group(2).split(",")]
+    dims_s, perm_s = (m.group(2), m.group(3)) if m.group(2) else (m.group(4), m.group(5))
+    if dims_s:  # device order: iota(dims).transpose(perm), read in the mesh shape
+        dims = [int(x) for x in dims_s.split(",")]
         ids = np.arange(int(np.prod(dims))).reshape(dims)
-        if m.group(3):
-            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+        if perm_s:
+            ids = ids.transpose([int(x) for x in perm_s.split(",")])
         ids = ids.reshape(shape)
     else:
         ids = np.arange(total).reshape(shape)
-    listed = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(4)) if a in names]
+    listed = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(6)) if a in names]
     if not listed:
         return [[i] for i in ids.ravel().tolist()]
     rest = [i for i in range(len(shape)) if i not in listed]
