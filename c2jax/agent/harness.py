@@ -183,6 +183,8 @@ class _Run:
         c = self.cfg
         if c.summary_trigger_tokens is None or self.summaries >= c.max_summaries:
             return False
+        if self.summaries and self.ctx.generations == 0:
+            return False  # a fresh post-summary context: act at least once before summarising again
         n = len(self.ctx.prompt_ids())
         return n >= c.summary_trigger_tokens or (c.max_context_tokens is not None and
                                                  n + min(c.max_new_tokens, 256) > c.max_context_tokens)
@@ -224,7 +226,7 @@ class _Run:
             return
         for call in parsed.tool_calls:
             t = time.monotonic()
-            res = await asyncio.to_thread(self.box.call, call.name, call.arguments)
+            res = await asyncio.to_thread(self.box.call, call.name, call.arguments)  # runs in a worker thread
             before = len(self.ctx)
             self.ctx.add(Message("tool", res.content, tool_call_id=call.id))
             out = len(self.ctx) - before

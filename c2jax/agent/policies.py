@@ -64,7 +64,15 @@ class Policy:
         raise NotImplementedError
 
     async def agenerate(self, req: TurnRequest) -> Generation:
-        return await asyncio.to_thread(self.generate, req)
+        return await asyncio.to_thread(_no_stop_iteration, self.generate, req)
+
+
+def _no_stop_iteration(fn: Callable, *args: Any) -> Any:
+    """A StopIteration cannot cross into a Future (the awaiting task would hang): re-raise it."""
+    try:
+        return fn(*args)
+    except StopIteration as e:
+        raise RuntimeError(f"policy raised StopIteration: {e!r}") from None
 
 
 # ---- c2jax checkpoint through the sampling engine --------------------------------------------------
