@@ -6,9 +6,15 @@ grader needs and the agent never sees: hidden test files, FAIL_TO_PASS / PASS_TO
 the gold patch (broken -> solved). Field names follow SWE-bench where one exists
 (../shared/docs/environments.md §2.4).
 
+    from c2jax.envs import start
+    from c2jax.envs.grading import grade
     from c2jax.envs.tasks import load_tasks, TaskRecord
     tasks = load_tasks("tasks.jsonl")               # list[TaskRecord], every field checked
-    t = tasks[0]; t.problem_statement, t.env_id, t.limits
+    t = tasks[0]
+    with start(t.env_id, t.limits) as sb:           # the agent's sandbox (broken code, no hidden tests)
+        ...                                         # the agent works on t.problem_statement
+        diff = sb.diff()
+    result = grade(t, diff)                         # reward terms + flags; skip result.masked samples
 
 Record (schema_version 1):
   instance_id         unique id, [A-Za-z0-9_.:+-]{1,200}
