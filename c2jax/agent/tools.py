@@ -266,6 +266,21 @@ def usage(name: str) -> str:
     return f"{name}({', '.join(parts)})"
 
 
+def validate_call(name: Any, arguments: Any, names: Sequence[str], strict: bool = False
+                  ) -> tuple[dict | None, ToolResult | None]:
+    """-> (checked arguments, None) or (None, the malformed-call message for the agent). Never raises."""
+    if not isinstance(name, str) or name not in names:
+        shown = repr(name)[:80]
+        why = "is not available in this environment" if name in TOOL_NAMES else "does not exist"
+        msg = f"Error: tool {shown} {why}. Available tools: {', '.join(names)}."
+        return None, ToolResult(msg, ok=False, malformed=True, error="unknown_tool")
+    args, err = check_arguments(name, arguments, strict)
+    if err is not None:
+        return None, ToolResult(f"Error: invalid arguments for {name}: {err}. Usage: {usage(name)}",
+                                ok=False, malformed=True, error="bad_arguments")
+    return args, None
+
+
 # ---- the toolbox ----------------------------------------------------------------------------------
 
 TODO_STATUSES = ("pending", "in_progress", "completed", "cancelled")
@@ -319,15 +334,9 @@ class Toolbox:
     # ---- dispatch ----
     def call(self, name: Any, arguments: Any) -> ToolResult:
         """Run one call; never raises for the model's mistakes (see the module docstring)."""
-        if not isinstance(name, str) or name not in self.names:
-            shown = repr(name)[:80]
-            why = "is not available in this environment" if name in TOOL_NAMES else "does not exist"
-            msg = f"Error: tool {shown} {why}. Available tools: {', '.join(self.names)}."
-            return ToolResult(msg, ok=False, malformed=True, error="unknown_tool")
-        args, err = check_arguments(name, arguments, self.config.strict)
-        if err is not None:
-            return ToolResult(f"Error: invalid arguments for {name}: {err}. Usage: {usage(name)}",
-                              ok=False, malformed=True, error="bad_arguments")
+        args, bad = validate_call(name, arguments, self.names, self.config.strict)
+        if bad is not None:
+            return bad
         try:
             return self._impl[name](args)
         except UnsafePath as e:

@@ -1,0 +1,154 @@
+"""Property test: no model output, however malformed, makes an exception escape the tool-call parser
+and argument checker; every malformed call becomes an error message (derandomised, >= 10,000 inputs).
+
+Inputs mix (1) random id sequences biased towards the chat template's special tokens, (2) tool-call
+sections with random headers, missing/duplicated markers and arbitrary argument text, and (3) calls
+to real tools with schema-valid arguments or one mutation (missing required key, wrong type, extra
+key, not an object, truncated JSON). For (3) the verdict is checked against the generator's intent.
+"""
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _agent_fixtures import chat_format
+from c2jax.agent.tools import SCHEMAS, TOOL_NAMES, validate_call
+
+FMT = chat_format()
+SPECIALS = [FMT.im_end, FMT.calls_begin, FMT.calls_end, FMT.call_begin, FMT.call_arg, FMT.call_end,
+            FMT.think_begin, FMT.think_end, FMT.im_middle, FMT.im_user, FMT.im_system, FMT.im_assistant, 0, 1, 2]
+V = FMT.tok.vocab_size
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3), max_leaves=8)
+
+
+def enc(s: str) -> list[int]:
+    return FMT.tok.encode(s)
+
+
+@st.composite
+def random_ids(draw):
+    return draw(st.lists(st.one_of(st.sampled_from(SPECIALS), st.integers(0, V - 1)), max_size=48))
+
+
+@st.composite
+def broken_section(draw):
+    ids = []
+    if draw(st.booleans()):
+        ids += enc(draw(st.text(max_size=10)))
+    ids.append(FMT.calls_begin)
+    for _ in range(draw(st.integers(0, 3))):
+        if draw(st.integers(0, 9)):
+            ids.append(FMT.call_begin)
+        name = draw(st.sampled_from(list(TOOL_NAMES)) | st.text(max_size=10))
+        header = draw(st.sampled_from([f"functions.{name}:{draw(st.integers(0, 99))}", name, f"functions.{name}",
+                                       f" functions.{name}:1 "]))
+        ids += enc(header)
+        if draw(st.integers(0, 9)):
+            ids.append(FMT.call_arg)
+        args = draw(st.one_of(json_values.map(json.dumps), st.text(max_size=30),
+                              st.just('{"target_file": "a.py"'), st.just("")))
+        ids += enc(args)
+        if draw(st.integers(0, 9)):
+            ids.append(FMT.call_end)
+        if not draw(st.integers(0, 19)):
+            ids.append(draw(st.sampled_from(SPECIALS)))
+    if draw(st.integers(0, 4)):
+        ids.append(FMT.calls_end)
+    if draw(st.booleans()):
+        ids += enc(draw(st.text(max_size=5)))
+    if draw(st.integers(0, 4)):
+        ids.append(FMT.im_end)
+    return ids
+
+
+def _value_for(schema: dict, draw):
+    t = schema.get("type")
+    if "enum" in schema:
+        return draw(st.sampled_from(schema["enum"]))
+    if t == "string":
+        return draw(st.text(max_size=12))
+    if t == "integer":
+        return draw(st.integers(schema.get("minimum", -5), 10**6))
+    if t == "number":
+        return draw(st.floats(0.001, 1e4))
+    if t == "boolean":
+        return draw(st.booleans())
+    if t == "array":
+        return [_value_for(schema["items"], draw) for _ in range(draw(st.integers(0, 2)))]
+    if t == "object":
+        return {k: _value_for(v, draw) for k, v in schema["properties"].items()
+                if k in schema.get("required", ()) or draw(st.booleans())}
+    raise AssertionError(schema)
+
+
+WRONG = {"string": 5, "integer": "many", "number": "x", "boolean": "maybe", "array": "notalist", "object": 7}
+
+
+@st.composite
+def real_call(draw):
+    """(ids of one call to a real tool, expected malformed?)"""
+    name = draw(st.sampled_from(list(TOOL_NAMES)))
+    schema = SCHEMAS[name]["parameters"]
+    args = _value_for(schema, draw)
+    mutation = draw(st.sampled_from(["none", "none", "drop", "type", "not_object", "truncate"]))
+    bad = True
+    text = json.dumps(args)
+    req = list(schema.get("required", ()))
+    if mutation == "drop" and req:
+        args.pop(draw(st.sampled_from(req)))
+        text = json.dumps(args)
+    elif mutation == "type" and args:
+        k = draw(st.sampled_from(sorted(args)))
+        args[k] = WRONG[schema["properties"][k]["type"]]
+        text = json.dumps(args)
+    elif mutation == "not_object":
+        text = json.dumps(list(args.values()))
+    elif mutation == "truncate" and len(text) > 2:
+        text = text[:-1]
+    else:
+        bad = False
+    ids = [FMT.calls_begin, FMT.call_begin, *enc(f"functions.{name}:0"), FMT.call_arg, *enc(text), FMT.call_end,
+           FMT.calls_end, FMT.im_end]
+    return ids, (name, args, bad)
+
+
+completions = st.one_of(random_ids().map(lambda x: (x, None)), broken_section().map(lambda x: (x, None)), real_call())
+
+
+def test_no_exception_escapes_the_parser_10k():
+    seen = {"n": 0, "malformed": 0, "checked": 0}
+
+    @settings(max_examples=10_000, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(completions)
+    def prop(case):
+        ids, expect = case
+        seen["n"] += 1
+        parsed = FMT.parse_assistant(ids)  # must not raise
+        assert isinstance(parsed.errors, list)
+        for c in parsed.tool_calls:
+            args, bad = validate_call(c.name, c.arguments, TOOL_NAMES, strict=False)  # must not raise
+            assert (args is None) == (bad is not None)
+            if bad is not None:
+                assert bad.malformed and not bad.ok and bad.content.startswith("Error:")
+                seen["malformed"] += 1
+            validate_call(c.name, c.arguments, TOOL_NAMES, strict=True)
+        if expect is not None:
+            name, args, should_fail = expect
+            assert len(parsed.tool_calls) == 1 and parsed.tool_calls[0].name == name
+            assert all("not valid JSON" in e for e in parsed.errors)  # the parser flags bad JSON too
+            got, bad = validate_call(name, parsed.tool_calls[0].arguments, TOOL_NAMES, strict=True)
+            assert (bad is not None) == should_fail, (name, parsed.tool_calls[0].arguments, bad)
+            if not should_fail:
+                assert got == args
+            seen["checked"] += 1
+
+    prop()
+    assert seen["n"] >= 10_000
+    assert seen["malformed"] > 1000 and seen["checked"] > 1000  # the mix really exercises both paths
