@@ -159,7 +159,7 @@ def test_three_phases_chain_checkpoints(data, tmp_path):
     wd = str(tmp_path / "three")
     c = make_config(data, stages=("cpt", "long_context", "sft"), steps=2)
     c.long_context = {"seq_len": 64, "batch_size": 1, "yarn_factor": 2.0, "steps": 2}
-    c.sft = {"seq_len": 128, "batch_size": 1, "yarn_factor": 4.0, "steps": 2}
+    c.sft = {"seq_len": 256, "batch_size": 1, "yarn_factor": 4.0, "steps": 2}
     s = _run(c, wd)
     assert set(s) == {"cpt", "long_context", "sft"}
     assert s["long_context"]["yarn_factor"] == 2.0 and s["long_context"]["seq_len"] == 64
