@@ -272,7 +272,10 @@ def validate_candidate(cb: Codebase, cand: Candidate, env_id: str, gold: dict, c
         raise Skip("no stable test covers the changed files")
     broken_patch = make_patch(pristine, cand.new_texts)
     probe = _probe(cb, env_id, test_files, hidden, ctx.verify_timeout_s, ctx.limits)
-    run = run_tests(probe, broken_patch, canary=False, restore_protected=False)
+    # A mutation can make tests hang: allow a few times the gold run's wall time, not the full timeout.
+    gold_s = sum(gold.get(t, {}).get("wall_s", 0.0) for t in test_files) / GOLD_RUNS
+    limit = min(ctx.verify_timeout_s, max(30.0, 4 * gold_s))
+    run = run_tests(probe, broken_patch, canary=False, restore_protected=False, timeout_s=limit)
     if run.killed_reason:
         raise Skip(f"broken state: tests {run.killed_reason}")
     if not run.reported:
