@@ -43,6 +43,8 @@ class _Scheduler:
     """Drives `engine.step()` in one thread and routes each request's stream events to its queue."""
 
     def __init__(self, engine: Any) -> None:
+        if getattr(engine, "_thread", None) is not None:
+            engine.shutdown()  # one driver only: the engine's own loop would consume our events
         self.engine = engine
         self.cond = threading.Condition()
         self.queues: dict[str, queue.Queue] = {}

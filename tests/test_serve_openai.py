@@ -1,0 +1,216 @@
+"""The OpenAI-compatible server with the official `openai` client (base_url explicit, OPENAI_* cleared),
+and a greedy episode that makes the same tool calls in-process and through the server.
+
+Model: the tiny preset (random init) with a small tokenizer trained in the test. So that greedy
+decoding makes real tool calls, the model is turned into a bigram machine: every layer's output
+projections are zeroed (the residual stream is the token embedding), the embeddings of a chain of
+tokens are orthogonal basis vectors and the LM head maps each to its successor; from the assistant
+header it emits ``<|tool_calls_section_begin|> ... functions.read_lints:0 ... {} ... <|im_end|>``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from _agent_fixtures import agent_tokenizer, chat_format, needs_bwrap, repo_env  # noqa: F401
+from c2jax.agent.harness import Harness, HarnessConfig
+from c2jax.agent.tools import ToolConfig
+
+TOOLS = ToolConfig(enabled=("read_lints", "run_terminal_cmd"))
+HCFG = HarnessConfig(system_prompt="You are a coding agent.", tools=TOOLS, max_turns=3, max_new_tokens=48)
+
+
+def chain_ids(fmt) -> list[int]:
+    tok = fmt.tok
+    return [fmt.calls_begin, fmt.call_begin, *tok.encode("functions.read_lints:0"), fmt.call_arg, *tok.encode("{}"),
+            fmt.call_end, fmt.calls_end, fmt.im_end]
+
+
+def bigram_params(cfg, fmt, seed: int = 0):
+    import jax
+
+    from c2jax.model import init
+
+    p = jax.tree.map(np.asarray, init(cfg, jax.random.key(seed)))
+    p = jax.tree.map(np.array, p)  # writable copies
+    for grp in ("dense_layers", "moe_layers"):
+        p[grp]["attn"]["o_proj"]["kernel"][:] = 0
+    p["dense_layers"]["mlp"]["down_proj"]["kernel"][:] = 0
+    p["moe_layers"]["moe"]["experts"]["down_proj"][:] = 0
+    p["moe_layers"]["moe"]["shared"]["down_proj"]["kernel"][:] = 0
+    out = chain_ids(fmt)
+    prev = [fmt.im_middle] + out[:-1]
+    assert len(set(prev)) == len(prev), "chain tokens must be distinct for a bigram machine"
+    D = cfg.hidden_size
+    emb, head = p["embed"]["embedding"], p["lm_head"]["kernel"]
+    head[:] = 0
+    for i, (a, b) in enumerate(zip(prev, out)):
+        emb[a] = 0
+        emb[a, i] = 1.0
+        head[i, b] = 50.0 / np.sqrt(D)  # rms-normed one-hot has norm sqrt(D): logit 50
+    return p
+
+
+@pytest.fixture(scope="module")
+def served(repo_env, tmp_path_factory):
+    """(server, fmt, in-process episode) with one engine: the in-process episode runs first, then
+    the engine is handed to the server's scheduler."""
+    from c2jax.data.chat_format import ChatFormat
+    from c2jax.envs import start
+    from c2jax.model import preset
+    from c2jax.sampling import Engine, EngineConfig
+    from c2jax.serve import ChatServer, load_serving_checkpoint, save_serving_checkpoint
+    from c2jax.agent.policies import EnginePolicy
+
+    tok = agent_tokenizer()
+    fmt = ChatFormat(tok)
+    cfg = preset("tiny").replace(vocab_size=tok.vocab_size, mtp_depth=0)
+    ck = str(tmp_path_factory.mktemp("ckpt"))
+    save_serving_checkpoint(ck, bigram_params(cfg, fmt), cfg, tok)
+    params, cfg2, tok2 = load_serving_checkpoint(ck)  # what `python -m c2jax.serve --checkpoint` loads
+    assert cfg2 == cfg and tok2.fingerprint() == tok.fingerprint()
+    engine = Engine(params, cfg2, EngineConfig(max_slots=2, max_len=1024, prefill_chunk=256), tokenizer=tok2)
+    with start(repo_env[1]) as sb:
+        local = Harness(fmt, HCFG).run(EnginePolicy(engine, fmt, temperature=0.0), sb, "Check the lints.", task_id="g")
+    srv = ChatServer(engine, fmt, model_name="c2jax-tiny").start("127.0.0.1", 0)
+    yield srv, fmt, local
+    srv.close()
+
+
+@pytest.fixture
+def client(served, monkeypatch):
+    import openai
+
+    for k in list(os.environ):
+        if k.startswith("OPENAI_"):
+            monkeypatch.delenv(k)
+    return openai.OpenAI(base_url=served[0].url + "/v1", api_key="test", max_retries=0, timeout=120)
+
+
+pytestmark = needs_bwrap
+
+
+def test_models_and_tool_call_round_trip(served, client):
+    srv, fmt, _ = served
+    assert [m.id for m in client.models.list().data] == ["c2jax-tiny"]
+    assert srv.url.startswith("http://127.0.0.1:")
+    from c2jax.agent.tools import openai_tools
+
+    tools = openai_tools(["read_lints"])
+    msgs = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "lint please"}]
+    r = client.chat.completions.create(model="c2jax-tiny", messages=msgs, tools=tools, temperature=0, logprobs=True,
+                                       max_tokens=40)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    (tc,) = ch.message.tool_calls
+    assert (tc.id, tc.function.name, json.loads(tc.function.arguments)) == ("functions.read_lints:0", "read_lints", {})
+    ids = ch.model_extra["token_ids"]
+    assert ids == chain_ids(fmt) and r.usage.completion_tokens == len(ids)
+    assert ch.model_extra["prompt_token_ids"] == fmt.render(msgs, tools, add_generation_prompt=True).ids.tolist()
+    lps = [c.logprob for c in ch.logprobs.content]
+    assert len(lps) == len(ids) and all(-1e-3 < x <= 0 for x in lps)  # greedy on a peaked model
+    # send the call and its result back: the server renders them with the template and goes on
+    msgs2 = msgs + [ch.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id,
+                                                                "content": "No lint errors."}]
+    r2 = client.chat.completions.create(model="c2jax-tiny", messages=msgs2, tools=tools, temperature=0, max_tokens=40)
+    want = fmt.render(msgs2, tools, add_generation_prompt=True).ids.tolist()
+    assert r2.choices[0].model_extra["prompt_token_ids"] == want
+    assert r2.choices[0].message.tool_calls[0].function.name == "read_lints"
+
+
+def test_streaming_matches_non_streaming(served, client):
+    from c2jax.agent.tools import openai_tools
+
+    msgs = [{"role": "user", "content": "lint"}]
+    tools = openai_tools(["read_lints"])
+    full = client.chat.completions.create(model="c2jax-tiny", messages=msgs, tools=tools, temperature=0, max_tokens=40)
+    chunks = list(client.chat.completions.create(model="c2jax-tiny", messages=msgs, tools=tools, temperature=0,
+                                                 max_tokens=40, stream=True, logprobs=True,
+                                                 stream_options={"include_usage": True}))
+    calls: dict[int, dict] = {}
+    finish, content, n_lp = None, "", 0
+    for c in chunks:
+        for ch in c.choices:
+            content += ch.delta.content or ""
+            for d in ch.delta.tool_calls or []:
+                e = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                e["id"] += d.id or ""
+                e["name"] += d.function.name or ""
+                e["arguments"] += d.function.arguments or ""
+            finish = ch.finish_reason or finish
+            n_lp += len(ch.logprobs.content) if ch.logprobs and ch.logprobs.content else 0
+    m = full.choices[0].message
+    assert finish == "tool_calls" and content == (m.content or "")
+    assert [(v["id"], v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
+        (t.id, t.function.name, t.function.arguments) for t in m.tool_calls]
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == n_lp
+
+
+def _post(url: str, body: bytes, ctype: str = "application/json"):
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": ctype}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_bad_requests_get_json_4xx(served, client):
+    import openai
+
+    srv = served[0]
+    url = srv.url + "/v1/chat/completions"
+    ok_msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        (b"{not json", 400, None),
+        (json.dumps([1, 2]).encode(), 400, None),
+        (json.dumps({"messages": ok_msgs}).encode(), 400, "model"),
+        (json.dumps({"model": "c2jax-tiny", "messages": []}).encode(), 400, "messages"),
+        (json.dumps({"model": "c2jax-tiny", "messages": [{"role": "wizard", "content": "x"}]}).encode(), 400, "messages"),
+        (json.dumps({"model": "c2jax-tiny", "messages": ok_msgs, "temperature": 9}).encode(), 400, "temperature"),
+        (json.dumps({"model": "c2jax-tiny", "messages": ok_msgs, "n": 3}).encode(), 400, "n"),
+        (json.dumps({"model": "c2jax-tiny", "messages": ok_msgs, "tools": [{"type": "x"}]}).encode(), 400, "tools"),
+        (json.dumps({"model": "c2jax-tiny", "messages": ok_msgs, "tool_choice": "required"}).encode(), 400, "tool_choice"),
+        (json.dumps({"model": "c2jax-tiny", "messages": [{"role": "user", "content": "word " * 3000}]}).encode(), 400,
+         "messages"),
+        (json.dumps({"model": "other", "messages": ok_msgs}).encode(), 404, "model"),
+    ]
+    for body, status, param in cases:
+        code, js = _post(url, body)
+        assert code == status and set(js["error"]) >= {"message", "type", "param", "code"}, (body[:60], code, js)
+        assert js["error"]["param"] == param, (body[:60], js)
+    code, js = _post(srv.url + "/v1/nowhere", b"{}")
+    assert code == 404 and "error" in js
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="missing", messages=ok_msgs)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.chat.completions.create(model="c2jax-tiny", messages=[{"role": "user", "content": "word " * 3000}])
+    # the server is still healthy afterwards
+    assert client.chat.completions.create(model="c2jax-tiny", messages=ok_msgs, max_tokens=4).choices
+
+
+def test_greedy_episode_same_tool_calls_in_process_and_through_server(served, repo_env):
+    from c2jax.agent.policies import OpenAIPolicy
+    from c2jax.envs import start
+
+    srv, fmt, local = served
+    os.environ.pop("OPENAI_API_KEY", None)
+    pol = OpenAIPolicy(base_url=srv.url + "/v1", model="c2jax-tiny", api_key="test", temperature=0.0)
+    with start(repo_env[1]) as sb:
+        remote = Harness(fmt, HCFG).run(pol, sb, "Check the lints.", task_id="g")
+    calls = lambda ep: [(m["tool_calls"][0]["function"]["name"], m["tool_calls"][0]["function"]["arguments"])  # noqa: E731
+                        for m in ep.messages[0] if m.get("tool_calls")]
+    assert calls(local) == calls(remote) == [("read_lints", "{}")] * 3
+    assert local.stop_reason == remote.stop_reason == "max_turns"
+    a, b = local.trajectory.segments[0], remote.trajectory.segments[0]
+    np.testing.assert_array_equal(a.prompt_ids, b.prompt_ids)
+    np.testing.assert_array_equal(a.completion_ids, b.completion_ids)  # token-exact through the server
+    np.testing.assert_array_equal(a.loss_mask, b.loss_mask)
+    np.testing.assert_allclose(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-5)
+    assert remote.trajectory.metadata["trainable"] and local.trajectory.metadata["trainable"]
+    assert [e.ok for e in local.trajectory.tool_events] == [e.ok for e in remote.trajectory.tool_events]
