@@ -275,7 +275,7 @@ def run_tests(task: TaskRecord, diff: str = "", *, canary: bool = True, restore_
             env.update({"PYTHONPATH": f"/workspace/{CTL_DIR}" + (":" + pp if pp else ""),
                         "C2JAX_REPORT": f"/workspace/{report}", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
                         "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"})
-            cmd += ["-p", "c2jax_report", "-p", "no:cacheprovider", "-o", "cache_dir=/tmp/.pytest_cache"]
+            cmd += ["-p", "c2jax_report", "-p", "no:cacheprovider"]  # no -o: --strict-config rejects it
             if canary_id:
                 cmd.append(canary_id.split("::")[0])
         else:
