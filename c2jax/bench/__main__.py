@@ -2,6 +2,7 @@
 
     python -m c2jax.bench prefetch [--cache DIR]                       # pinned sdists (registry)
     python -m c2jax.bench build --suite c2bench-mini|c2bench --out DIR [--workers N] [--seed S]
+                                [--from-checkpoints]          # resumes; or assembles what is done
     python -m c2jax.bench run --suite DIR|tasks.jsonl --policy oracle|null [--k K] [--split eval]
                               [--out DIR] [--predictions]
     python -m c2jax.bench convert swebench FILE.jsonl --repos DIR --out DIR
@@ -37,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pypi-cache", default=None)
     p.add_argument("--codebases", nargs="*", default=None)
+    p.add_argument("--from-checkpoints", action="store_true",
+                   help="assemble from the codebases a killed build finished; build nothing new")
     p = sub.add_parser("run")
     p.add_argument("--suite", required=True, help="a built suite directory or a tasks .jsonl")
     p.add_argument("--policy", required=True)
@@ -73,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown suite {a.suite!r}; known: {sorted(SUITES)}", file=sys.stderr)
             return 2
         tasks, stats, report = build_suite(a.suite, a.out, workers=a.workers, seed=a.seed,
-                                           pypi_cache=a.pypi_cache, codebases=a.codebases)
+                                           pypi_cache=a.pypi_cache, codebases=a.codebases,
+                                           checkpoints_only=a.from_checkpoints)
         print(format_stats(stats))
         print(f"wrote {len(tasks)} tasks to {a.out} in {report['wall_s']} s; report: {a.out}/build_report.json")
         for prob in report["problems"]:

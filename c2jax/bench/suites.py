@@ -96,8 +96,13 @@ def format_stats(stats: dict[str, Any]) -> str:
 
 
 def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pypi_cache: str | None = None,
-                codebases: list[str] | None = None) -> tuple[list[TaskRecord], dict[str, Any], dict[str, Any]]:
-    """Build suite `name` into `out_dir`; returns (tasks, stats, report)."""
+                codebases: list[str] | None = None,
+                checkpoints_only: bool = False) -> tuple[list[TaskRecord], dict[str, Any], dict[str, Any]]:
+    """Build suite `name` into `out_dir`; returns (tasks, stats, report).
+
+    checkpoints_only: assemble the suite from the codebases a previous (killed) build finished,
+    building nothing new (the others are reported as not built).
+    """
     if name not in SUITES:
         raise KeyError(f"unknown suite {name!r}; known: {sorted(SUITES)}")
     spec = SUITES[name]
@@ -141,6 +146,9 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
             with open(part + ".report.json") as f:
                 report["codebases"][cb_name] = json.load(f)
             log.info("%s: %d tasks from the checkpoint %s", cb.name, len(got), part)
+        elif checkpoints_only:
+            rep["error"] = "not built (assembled from checkpoints only)"
+            continue
         else:
             t1 = time.monotonic()
             got = build_codebase(cb, targets, ctx, split, report["codebases"])
