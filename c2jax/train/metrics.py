@@ -143,7 +143,7 @@ def plot_loss_curves(path: str, train: Iterable[tuple[float, float]], held_out: 
     for name, x in (stage_starts or {}).items():
         if x > 0:
             ax.axvline(x, ls=":", lw=0.8, color="k")
-            ax.text(x, ax.get_ylim()[1], f" {name}", va="top", fontsize=8)
+            ax.text(x, ax.get_ylim()[1], f" {name}", va="top", ha="right", rotation=90, fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("loss (nat/token)")
