@@ -21,49 +21,47 @@ SPECIALS = [FMT.im_end, FMT.calls_begin, FMT.calls_end, FMT.call_begin, FMT.call
             FMT.think_begin, FMT.think_end, FMT.im_middle, FMT.im_user, FMT.im_system, FMT.im_assistant, 0, 1, 2]
 V = FMT.tok.vocab_size
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=12),
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3), max_leaves=8)
-
-
 def enc(s: str) -> list[int]:
     return FMT.tok.encode(s)
 
 
+# Cheap generation (one bytes draw per example, interpreted below): hypothesis' per-draw overhead,
+# not the parser, would otherwise dominate 10,000 examples.
+_PIECES = [enc(x) for x in ["", " ", "text", "{", "}", '{"', '":', "functions", ".", ":", "0", "\\", '"', "\n",
+                             "null", "[1,", "]", "functions.read_file:0", "functions.grep:1", "read_file",
+                             "functions.nope:2", "functions.:3", "functions.run_terminal_cmd:x", "\u00e9\u4e2d"]]
+_ARGS = [enc(x) for x in ['{"target_file": "a.py"}', '{"target_file": 3}', '{"target_file": "a.py"', "{}", "[]",
+                           '"str"', "null", '{"pattern": "("}', '{"command": "ls", "timeout": "5"}', "{" * 50,
+                           '{"todos": [{"id": 1}], "merge": "yes"}', '{"a": {"b": [1, {"c": null}]}}', "",
+                           '{"target_file": "x", "offset": -1}', '{"target_file": "x", "limit": 1e309}']]
+
+
 @st.composite
 def random_ids(draw):
-    return draw(st.lists(st.one_of(st.sampled_from(SPECIALS), st.integers(0, V - 1)), max_size=48))
+    """Any ids, biased towards the template's special tokens (one draw: bytes -> ids)."""
+    raw = draw(st.binary(max_size=96))
+    return [SPECIALS[raw[i + 1] % len(SPECIALS)] if raw[i] < 96 else (raw[i] * 256 + raw[i + 1]) % V
+            for i in range(0, len(raw) - 1, 2)]
 
 
 @st.composite
 def broken_section(draw):
-    ids = []
-    if draw(st.booleans()):
-        ids += enc(draw(st.text(max_size=10)))
-    ids.append(FMT.calls_begin)
-    for _ in range(draw(st.integers(0, 3))):
-        if draw(st.integers(0, 9)):
-            ids.append(FMT.call_begin)
-        name = draw(st.sampled_from(list(TOOL_NAMES)) | st.text(max_size=10))
-        header = draw(st.sampled_from([f"functions.{name}:{draw(st.integers(0, 99))}", name, f"functions.{name}",
-                                       f" functions.{name}:1 "]))
-        ids += enc(header)
-        if draw(st.integers(0, 9)):
-            ids.append(FMT.call_arg)
-        args = draw(st.one_of(json_values.map(json.dumps), st.text(max_size=30),
-                              st.just('{"target_file": "a.py"'), st.just("")))
-        ids += enc(args)
-        if draw(st.integers(0, 9)):
-            ids.append(FMT.call_end)
-        if not draw(st.integers(0, 19)):
-            ids.append(draw(st.sampled_from(SPECIALS)))
-    if draw(st.integers(0, 4)):
-        ids.append(FMT.calls_end)
-    if draw(st.booleans()):
-        ids += enc(draw(st.text(max_size=5)))
-    if draw(st.integers(0, 4)):
-        ids.append(FMT.im_end)
+    """Tool-call sections assembled from markers, headers, argument texts and junk (one draw)."""
+    prog = draw(st.binary(min_size=1, max_size=40))
+    marks = [FMT.calls_begin, FMT.call_begin, FMT.call_arg, FMT.call_end, FMT.calls_end, FMT.im_end,
+             FMT.think_begin, FMT.think_end]
+    ids = [FMT.calls_begin] if prog[0] % 4 else []
+    for b in prog[1:]:
+        kind = b % 4
+        if kind == 0:
+            ids.append(marks[(b >> 2) % len(marks)])
+        elif kind == 1:
+            ids += _PIECES[(b >> 2) % len(_PIECES)]
+        elif kind == 2:
+            ids += _ARGS[(b >> 2) % len(_ARGS)]
+        else:  # a well-formed call, so sections often mix good and bad calls
+            ids += [FMT.call_begin, *_PIECES[17 + (b >> 2) % 2], FMT.call_arg, *_ARGS[(b >> 3) % len(_ARGS)],
+                    FMT.call_end]
     return ids
 
 
