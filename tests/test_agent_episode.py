@@ -247,3 +247,16 @@ def test_concurrent_episodes_bounded_by_pool(repo_env):
     assert max(active) == 2  # episodes overlapped, and never more than the pool's cap
     m = pool.metrics()
     assert m["active"] == 0 and m["started"] == 4
+
+
+def test_context_budget_from_the_policy(sb):
+    fmt = chat_format()
+    pol = ScriptedPolicy(fmt, [Message("assistant", "", [call("list_dir", i, target_directory="pkg")])
+                               for i in range(10)])
+    Harness(fmt, HarnessConfig(max_turns=1)).run(pol, sb, "go", task_id="t")
+    first = len(pol.requests[0].prompt_ids)
+    pol.max_context_tokens = first + 150  # e.g. EnginePolicy: the engine's max_len
+    pol.requests.clear()
+    ep = Harness(fmt).run(pol, sb, "go", task_id="t")
+    assert ep.stop_reason == "context" and ep.trajectory.truncated
+    assert all(len(r.prompt_ids) + r.max_new_tokens <= first + 150 for r in pol.requests)

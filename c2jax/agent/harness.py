@@ -172,11 +172,17 @@ class _Run:
             return "max_wall_s"
         return None
 
+    @property
+    def max_context(self) -> int | None:
+        """The smaller of the configured context budget and the policy's own context length."""
+        caps = [c for c in (self.cfg.max_context_tokens, getattr(self.policy, "max_context_tokens", None)) if c]
+        return min(caps) if caps else None
+
     def room(self, want: int) -> int:
         """New tokens allowed for the next generation (0: it does not fit)."""
         n = min(want, self.cfg.max_policy_tokens - self.policy_tokens)
-        if self.cfg.max_context_tokens is not None:
-            n = min(n, self.cfg.max_context_tokens - len(self.ctx.prompt_ids()))
+        if self.max_context is not None:
+            n = min(n, self.max_context - len(self.ctx.prompt_ids()))
         return max(n, 0)
 
     def needs_summary(self) -> bool:
@@ -186,8 +192,8 @@ class _Run:
         if self.summaries and self.ctx.generations == 0:
             return False  # a fresh post-summary context: act at least once before summarising again
         n = len(self.ctx.prompt_ids())
-        return n >= c.summary_trigger_tokens or (c.max_context_tokens is not None and
-                                                 n + min(c.max_new_tokens, 256) > c.max_context_tokens)
+        cap = self.max_context
+        return n >= c.summary_trigger_tokens or (cap is not None and n + min(c.max_new_tokens, 256) > cap)
 
     async def summarize(self) -> str | None:
         """Ask for a summary and restart the context from it; returns a stop reason or None."""
@@ -251,8 +257,7 @@ class _Run:
                 continue
             max_new = self.room(self.cfg.max_new_tokens)
             if max_new < 1:
-                return "context" if self.cfg.max_context_tokens is not None and self.policy_tokens < \
-                    self.cfg.max_policy_tokens else "max_policy_tokens"
+                return "max_policy_tokens" if self.policy_tokens >= self.cfg.max_policy_tokens else "context"
             t = time.monotonic()
             gen = await self.policy.agenerate(self.request(max_new, "act"))
             if gen.finish_reason == "error":

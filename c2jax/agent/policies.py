@@ -59,6 +59,7 @@ class Policy:
     """Base: `generate(req)`; `agenerate(req)` defaults to running it in a worker thread."""
 
     name = "policy"
+    max_context_tokens: int | None = None  # the model's context (prompt + new tokens), if bounded
 
     def generate(self, req: TurnRequest) -> Generation:
         raise NotImplementedError
@@ -87,6 +88,7 @@ class EnginePolicy(Policy):
                  top_k: int = 0, seed: int | None = None) -> None:
         self.engine, self.fmt = engine, fmt
         self.temperature, self.top_p, self.top_k, self.seed = temperature, top_p, top_k, seed
+        self.max_context_tokens = int(engine.config.max_len)
         self._n = 0
 
     def _request(self, req: TurnRequest):
