@@ -214,3 +214,50 @@ def test_greedy_episode_same_tool_calls_in_process_and_through_server(served, re
     np.testing.assert_allclose(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-5)
     assert remote.trajectory.metadata["trainable"] and local.trajectory.metadata["trainable"]
     assert [e.ok for e in local.trajectory.tool_events] == [e.ok for e in remote.trajectory.tool_events]
+
+
+@pytest.mark.slow
+def test_serve_cli_subprocess(tmp_path, monkeypatch):
+    """`python -m c2jax.serve --checkpoint PATH --port 0` in its own process, with the openai client."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    import openai
+
+    from c2jax.data.chat_format import ChatFormat
+    from c2jax.model import preset
+    from c2jax.serve import save_serving_checkpoint
+
+    tok = agent_tokenizer()
+    fmt = ChatFormat(tok)
+    cfg = preset("tiny").replace(vocab_size=tok.vocab_size, mtp_depth=0)
+    save_serving_checkpoint(str(tmp_path), bigram_params(cfg, fmt), cfg, tok)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["PYTHONPATH"] = root
+    proc = subprocess.Popen([sys.executable, "-m", "c2jax.serve", "--checkpoint", str(tmp_path), "--port", "0",
+                             "--max-len", "512", "--max-slots", "2", "--model-name", "tiny"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=root)
+    try:
+        line = ""
+        t0 = time.time()
+        while "serving" not in line and time.time() - t0 < 240:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "server exited"
+        url = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line).group(1)
+        for k in list(os.environ):
+            if k.startswith("OPENAI_"):
+                monkeypatch.delenv(k)
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=240)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        from c2jax.agent.tools import openai_tools
+
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "lint"}],
+                                           tools=openai_tools(["read_lints"]), temperature=0, max_tokens=32)
+        assert r.choices[0].message.tool_calls[0].function.name == "read_lints"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode is not None
