@@ -33,6 +33,7 @@ SECTION_MODULES: dict[str, str] = {
     "rl": "c2jax.rl.config_checks",
     "data": "c2jax.data.config_checks",
     "mesh": "c2jax.model.sharding",
+    "agent": "c2jax.agent.config",
 }
 
 VALIDATORS: Registry[Callable[["Checker", Any, Any], None]] = Registry("config_validator")
