@@ -261,3 +261,33 @@ def test_serve_cli_subprocess(tmp_path, monkeypatch):
         proc.terminate()
         proc.wait(timeout=30)
     assert proc.returncode is not None
+
+
+@pytest.mark.slow
+def test_concurrent_engine_episodes_share_the_engine(repo_env):
+    """Several async episodes of one EnginePolicy: the engine's background loop batches them, the
+    sandbox pool bounds them, and greedy episodes agree with each other token for token."""
+    import asyncio
+
+    from c2jax.agent.policies import EnginePolicy
+    from c2jax.data.chat_format import ChatFormat
+    from c2jax.envs.pool import SandboxPool
+    from c2jax.model import preset
+    from c2jax.sampling import Engine, EngineConfig
+
+    tok = agent_tokenizer()
+    fmt = ChatFormat(tok)
+    cfg = preset("tiny").replace(vocab_size=tok.vocab_size, mtp_depth=0)
+    engine = Engine(bigram_params(cfg, fmt), cfg, EngineConfig(max_slots=2, max_len=1024, prefill_chunk=256))
+    pol = EnginePolicy(engine, fmt, temperature=0.0)
+    try:
+        with SandboxPool(max_concurrency=2) as pool:
+            eps = asyncio.run(Harness(fmt, HCFG).arun_many(pol, pool, [(repo_env[1], "Check the lints.", f"t{i}")
+                                                                       for i in range(4)]))
+    finally:
+        engine.shutdown()
+    assert [e.stop_reason for e in eps] == ["max_turns"] * 4
+    ref = eps[0].trajectory.segments[0]
+    for e in eps[1:]:
+        np.testing.assert_array_equal(e.trajectory.segments[0].completion_ids, ref.completion_ids)
+    assert all(len(e.trajectory.tool_events) == 3 for e in eps)
