@@ -260,3 +260,31 @@ def test_context_budget_from_the_policy(sb):
     ep = Harness(fmt).run(pol, sb, "go", task_id="t")
     assert ep.stop_reason == "context" and ep.trajectory.truncated
     assert all(len(r.prompt_ids) + r.max_new_tokens <= first + 150 for r in pol.requests)
+
+
+def test_message_only_policy_keeps_endpoint_call_ids(sb):
+    """A policy that returns messages (a hosted endpoint) with its own call ids ('call_1'): the tools
+    run, the results answer those ids, and the trajectory is marked evaluation-only."""
+    from c2jax.agent.policies import Generation, Policy
+
+    class Endpoint(Policy):
+        def __init__(self):
+            self.seen = []
+
+        def generate(self, req):
+            self.seen.append(req.messages)
+            if req.turn == 0:
+                return Generation(message=Message("assistant", "", [ToolCall("call_1", "list_dir",
+                                                                             '{"target_directory": "pkg"}')]),
+                                  trainable=False)
+            return Generation(message=Message("assistant", "done"), trainable=False)
+
+    fmt = chat_format()
+    pol = Endpoint()
+    ep = Harness(fmt).run(pol, sb, "list", task_id="t")
+    assert ep.stop_reason == "finished" and ep.trajectory.tool_events[0].ok
+    sent = pol.seen[1]
+    assert sent[2]["tool_calls"][0]["id"] == "call_1" and sent[2]["tool_calls"][0]["function"]["name"] == "list_dir"
+    assert sent[3] == {"role": "tool", "content": sent[3]["content"], "tool_call_id": "call_1"}
+    assert "calc.py" in sent[3]["content"]
+    assert not ep.trajectory.metadata["trainable"] and ep.trajectory.num_policy_tokens == 0

@@ -291,3 +291,19 @@ def test_concurrent_engine_episodes_share_the_engine(repo_env):
     for e in eps[1:]:
         np.testing.assert_array_equal(e.trajectory.segments[0].completion_ids, ref.completion_ids)
     assert all(len(e.trajectory.tool_events) == 3 for e in eps)
+
+
+def test_message_only_endpoint_episode_is_evaluation_only(served, repo_env):
+    """Without token ids (a hosted API), the episode runs on the returned messages: the same tool
+    calls, rendered into the trajectory with loss mask 0 and marked not trainable."""
+    from c2jax.agent.policies import OpenAIPolicy
+    from c2jax.envs import start
+
+    srv, fmt, local = served
+    pol = OpenAIPolicy(base_url=srv.url + "/v1", model="c2jax-tiny", api_key="test", temperature=0.0,
+                       use_token_ids=False)
+    with start(repo_env[1]) as sb:
+        ep = Harness(fmt, HCFG).run(pol, sb, "Check the lints.", task_id="g")
+    assert [(e.name, e.ok, e.malformed) for e in ep.trajectory.tool_events] == [("read_lints", True, False)] * 3
+    assert not ep.trajectory.metadata["trainable"] and ep.trajectory.num_policy_tokens == 0
+    assert all("token_ids" not in m for m in ep.messages[0])

@@ -99,12 +99,15 @@ class AgentContext:
 
     def add_generation(self, ids: Sequence[int], logprobs: Sequence[float] | None = None,
                        raw_logprobs: Sequence[float] | None = None, versions: Sequence[int] | None = None,
-                       routes: np.ndarray | None = None, train: bool = True) -> ParsedAssistant:
+                       routes: np.ndarray | None = None, train: bool = True,
+                       message: Message | None = None) -> ParsedAssistant:
         """Append the policy's ids verbatim (after the generation header) and their sampler data.
 
         `routes` (optional): experts of every token of prompt + ids, as the engine reports them for
         this request ([len(prompt_ids()) + len(ids), nL, K]); the last generation's routes cover
         the whole segment. `train=False` (a policy without token ids) gives the ids loss mask 0.
+        `message`: the message an endpoint returned (its tool-call ids and names are kept as they
+        are, e.g. ``call_abc``); `ids` are then only its rendering.
         """
         ids = [int(i) for i in ids]
         n = len(ids)
@@ -112,6 +115,9 @@ class AgentContext:
             self.prompt_len = len(self.conv.prompt_ids())
         before = len(self.conv.ids)
         parsed = self.conv.add_completion(ids)
+        if message is not None:
+            self.conv.messages[-1] = message
+            parsed = ParsedAssistant(message.content, message.reasoning, list(message.tool_calls), [], True)
         if train:
             self._gen_ids[len(self.conv.messages) - 1] = ids
         if not train:

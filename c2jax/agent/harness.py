@@ -147,12 +147,14 @@ class _Run:
 
     def record(self, gen: Generation, purpose: str, t_start: float):
         """Append a generation to the context; returns the parsed message."""
-        if gen.ids is None:  # a message-only endpoint: render it (evaluation only)
-            ids = self.h.fmt.assistant_body(gen.message) if gen.message is not None else [self.h.fmt.im_end]
-            gen = dataclasses.replace(gen, ids=ids, logprobs=None, versions=None, trainable=False)
+        message = None
+        if gen.ids is None:  # a message-only endpoint: render it (evaluation only), keep its call ids
+            message = gen.message if gen.message is not None else Message("assistant", "")
+            gen = dataclasses.replace(gen, ids=self.h.fmt.assistant_body(message), logprobs=None, versions=None,
+                                      trainable=False)
         self.trainable &= gen.trainable
         parsed = self.ctx.add_generation(gen.ids, gen.logprobs, gen.raw_logprobs, gen.versions, gen.routes,
-                                         train=gen.trainable)
+                                         train=gen.trainable, message=message)
         n = len(gen.ids)
         self.policy_tokens += n
         self.turns += 1
