@@ -177,3 +177,7 @@ def test_bm25_and_lint_helpers():
     assert bm25_rank("nothing here", docs, 3) == []
     assert lint_python("from x import *\nprint(y)\n") == []  # star import: names unknown, not reported
     assert lint_python("__all__ = ['os']\nimport os\n") == []
+
+
+def test_lint_ignores_future_imports_and_noqa():
+    assert lint_python("from __future__ import annotations\nimport os  # noqa: F401\n") == []

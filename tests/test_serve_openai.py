@@ -17,7 +17,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from _agent_fixtures import agent_tokenizer, chat_format, needs_bwrap, repo_env  # noqa: F401
+from _agent_fixtures import agent_tokenizer, needs_bwrap, repo_env  # noqa: F401
 from c2jax.agent.harness import Harness, HarnessConfig
 from c2jax.agent.tools import ToolConfig
 

@@ -17,7 +17,7 @@ what the agent needs on top of it:
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
