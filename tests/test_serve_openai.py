@@ -5,7 +5,7 @@ Model: the tiny preset (random init) with a small tokenizer trained in the test.
 decoding makes real tool calls, the model is turned into a bigram machine: every layer's output
 projections are zeroed (the residual stream is the token embedding), the embeddings of a chain of
 tokens are orthogonal basis vectors and the LM head maps each to its successor; from the assistant
-header it emits ``<|tool_calls_section_begin|> ... functions.read_lints:0 ... {} ... <|im_end|>``.
+header it emits ``Let me check<|tool_calls_section_begin|> ... functions.read_lints:0 ... {} ... <|im_end|>``.
 """
 from __future__ import annotations
 
@@ -22,13 +22,14 @@ from c2jax.agent.harness import Harness, HarnessConfig
 from c2jax.agent.tools import ToolConfig
 
 TOOLS = ToolConfig(enabled=("read_lints", "run_terminal_cmd"))
+CONTENT = "Let me check"  # text before the call: exercises streamed content deltas
 HCFG = HarnessConfig(system_prompt="You are a coding agent.", tools=TOOLS, max_turns=3, max_new_tokens=48)
 
 
 def chain_ids(fmt) -> list[int]:
     tok = fmt.tok
-    return [fmt.calls_begin, fmt.call_begin, *tok.encode("functions.read_lints:0"), fmt.call_arg, *tok.encode("{}"),
-            fmt.call_end, fmt.calls_end, fmt.im_end]
+    return [*tok.encode(CONTENT), fmt.calls_begin, fmt.call_begin, *tok.encode("functions.read_lints:0"), fmt.call_arg,
+            *tok.encode("{}"), fmt.call_end, fmt.calls_end, fmt.im_end]
 
 
 def bigram_params(cfg, fmt, seed: int = 0):
@@ -109,6 +110,7 @@ def test_models_and_tool_call_round_trip(served, client):
     assert ch.finish_reason == "tool_calls"
     (tc,) = ch.message.tool_calls
     assert (tc.id, tc.function.name, json.loads(tc.function.arguments)) == ("functions.read_lints:0", "read_lints", {})
+    assert ch.message.content == CONTENT
     ids = ch.model_extra["token_ids"]
     assert ids == chain_ids(fmt) and r.usage.completion_tokens == len(ids)
     assert ch.model_extra["prompt_token_ids"] == fmt.render(msgs, tools, add_generation_prompt=True).ids.tolist()
@@ -133,10 +135,11 @@ def test_streaming_matches_non_streaming(served, client):
                                                  max_tokens=40, stream=True, logprobs=True,
                                                  stream_options={"include_usage": True}))
     calls: dict[int, dict] = {}
-    finish, content, n_lp = None, "", 0
+    finish, content, n_lp, pieces = None, "", 0, 0
     for c in chunks:
         for ch in c.choices:
             content += ch.delta.content or ""
+            pieces += bool(ch.delta.content)
             for d in ch.delta.tool_calls or []:
                 e = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
                 e["id"] += d.id or ""
@@ -145,7 +148,7 @@ def test_streaming_matches_non_streaming(served, client):
             finish = ch.finish_reason or finish
             n_lp += len(ch.logprobs.content) if ch.logprobs and ch.logprobs.content else 0
     m = full.choices[0].message
-    assert finish == "tool_calls" and content == (m.content or "")
+    assert finish == "tool_calls" and content == m.content == CONTENT and pieces >= 2  # streamed token by token
     assert [(v["id"], v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
         (t.id, t.function.name, t.function.arguments) for t in m.tool_calls]
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == n_lp
