@@ -25,6 +25,7 @@ appends the user message `summary_request`; the policy writes a summary (same se
 
     [system prompt] [user: task prompt] [user: SUMMARY_HEADER.format(n=...) + summary + open to-dos]
 
+(after the tool declarations every context starts with), where n counts the summaries so far,
 while the sandbox keeps its state. Each context is one `Segment` of the same trajectory, so the
 final reward credits every generation, summaries included. Summaries can repeat (recursive: the
 next summary request sees the previous summary in its context); `n` counts the summaries so far.
