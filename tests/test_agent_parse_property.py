@@ -5,6 +5,7 @@ Inputs mix (1) random id sequences biased towards the chat template's special to
 sections with random headers, missing/duplicated markers and arbitrary argument text, and (3) calls
 to real tools with schema-valid arguments or one mutation (missing required key, wrong type, extra
 key, not an object, truncated JSON). For (3) the verdict is checked against the generator's intent.
+A second test drives whole harness episodes in a real sandbox with such turns.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _agent_fixtures import chat_format
+from _agent_fixtures import chat_format, needs_bwrap, repo_env  # noqa: F401
 from c2jax.agent.tools import SCHEMAS, TOOL_NAMES, validate_call
 
 FMT = chat_format()
@@ -150,3 +151,28 @@ def test_no_exception_escapes_the_parser_10k():
     prop()
     assert seen["n"] >= 10_000
     assert seen["malformed"] > 1000 and seen["checked"] > 1000  # the mix really exercises both paths
+
+
+@needs_bwrap
+def test_malformed_turns_through_the_whole_harness(repo_env):
+    """Random broken turns drive real episodes (one sandbox): the loop never raises, every malformed
+    call is answered and counted, and the episode ends on the scripted final message."""
+    from c2jax.agent.harness import Harness, HarnessConfig
+    from c2jax.agent.policies import ScriptedPolicy
+    from c2jax.envs import start
+
+    h = Harness(FMT, HarnessConfig(max_turns=4, max_new_tokens=256))
+    with start(repo_env[1]) as sb:
+        @settings(max_examples=40, derandomize=True, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(st.lists(st.one_of(broken_section(), random_ids()), min_size=1, max_size=3))
+        def prop(turns):
+            pol = ScriptedPolicy(FMT, [t + [FMT.im_end] if FMT.calls_begin in t else t for t in turns])
+            ep = h.run(pol, sb, "do something", task_id="fuzz")
+            t = ep.trajectory
+            assert not t.infra_failed and ep.stop_reason in ("finished", "length", "max_turns")
+            assert t.effort.tool_calls == len(t.tool_events)
+            for e in t.tool_events:
+                assert e.malformed or e.name in TOOL_NAMES
+
+        prop()
