@@ -3,8 +3,8 @@ and argument checker; every malformed call becomes an error message (derandomise
 
 Inputs mix (1) random id sequences biased towards the chat template's special tokens, (2) tool-call
 sections with random headers, missing/duplicated markers and arbitrary argument text, and (3) calls
-to real tools with schema-valid arguments or one mutation (missing required key, wrong type, extra
-key, not an object, truncated JSON). For (3) the verdict is checked against the generator's intent.
+to real tools with schema-valid arguments or one mutation (missing required key, wrong type,
+not an object, truncated JSON). For (3) the verdict is checked against the generator's intent.
 A second test drives whole harness episodes in a real sandbox with such turns.
 """
 from __future__ import annotations
