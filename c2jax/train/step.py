@@ -30,29 +30,12 @@ BiasUpdateFn = Callable[[Any, Any, float], Any]
 
 
 def aux_free_bias_update(params: Any, expert_counts: Any, rate: float) -> Any:
-    """Default aux-loss-free rule on ``params['moe_layers']['moe']['router']['bias']`` [L, E] (and
-    the MTP layers' routers when ``expert_counts`` is a dict with an ``mtp`` entry).
+    """Default bias rule: the model's own aux-loss-free update (`c2jax.model.update_router_bias`),
+    one implementation for the trainer and the model. ``expert_counts``: [L, E] token counts per
+    MoE layer, or ``{'moe_layers': [L, E], 'mtp': [D, E]}``."""
+    from c2jax.model.moe_router import update_router_bias
 
-    ``expert_counts``: [L, E] token counts per MoE layer, or ``{'moe_layers': [L, E], 'mtp': [D, E]}``.
-    """
-    if not isinstance(expert_counts, Mapping):
-        expert_counts = {"moe_layers": expert_counts}
-    params = dict(params)
-    for group, counts in expert_counts.items():
-        if group not in params or counts is None:
-            continue
-        sub = params[group]
-        router = sub["layer"]["moe"]["router"] if group == "mtp" else sub["moe"]["router"]
-        counts = counts.astype(jnp.float32)
-        err = jnp.mean(counts, axis=-1, keepdims=True) - counts  # [L, E] >0: under-loaded
-        new_bias = router["bias"] + (rate * jnp.sign(err)).astype(router["bias"].dtype)
-        router = {**router, "bias": new_bias}
-        if group == "mtp":
-            sub = {**sub, "layer": {**sub["layer"], "moe": {**sub["layer"]["moe"], "router": router}}}
-        else:
-            sub = {**sub, "moe": {**sub["moe"], "router": router}}
-        params[group] = sub
-    return params
+    return update_router_bias(params, expert_counts, rate)
 
 
 def _split_micro(batch: Mapping[str, jax.Array], accum: int) -> dict:
