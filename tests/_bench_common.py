@@ -6,8 +6,10 @@ instantiated once per importing module, the build must not be).
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -16,6 +18,15 @@ from c2jax.envs.bwrap import bwrap_path
 from c2jax.envs.errors import SandboxError
 
 _STATE: dict = {}
+
+
+@atexit.register
+def _cleanup() -> None:  # the state directory holds environment images (~100 MB): never leave them
+    for key in ("state", "mini"):
+        path = _STATE.get(key)
+        path = path[0] if isinstance(path, tuple) else path
+        if path:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _bwrap_problem() -> str | None:
