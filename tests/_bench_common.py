@@ -22,6 +22,9 @@ _STATE: dict = {}
 
 @atexit.register
 def _cleanup() -> None:  # the state directory holds environment images (~100 MB): never leave them
+    from c2jax.envs.sandbox import flush_cleanup
+
+    flush_cleanup(30.0)  # closed sandboxes' mounts and files first (the janitor thread)
     for key in ("state", "mini"):
         path = _STATE.get(key)
         path = path[0] if isinstance(path, tuple) else path
