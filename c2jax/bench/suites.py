@@ -124,7 +124,10 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
             if path is None:
                 raise FileNotFoundError(f"{p.filename} not in the PyPI cache (run `python -m c2jax.bench prefetch`)")
             return sdist_codebase(p.name, p.version, path, p.sha256, p.license, src_dir, p.test_globs)
-        plans.append((pname, make, spec.targets))
+        p = pypi.by_name(pname)
+        targets = (dataclasses.replace(spec.targets, max_test_file_s=p.max_test_file_s)
+                   if p.max_test_file_s is not None else spec.targets)
+        plans.append((pname, make, targets))
     tasks: list[TaskRecord] = []
     for cb_name, make_cb, targets in plans:
         if codebases and cb_name not in codebases:
@@ -138,8 +141,10 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
             continue
         split = "eval" if cb.name in spec.eval_codebases else "train"
         # Per-codebase checkpoint: a killed build resumes from the codebases already done.
-        key = hashlib.sha256(json.dumps([cb.source.sha256, seed, dataclasses.asdict(targets), split,
-                                         spec.scan_each_task]).encode()).hexdigest()[:16]
+        key_parts = [cb.source.sha256, seed, dataclasses.asdict(targets), split, spec.scan_each_task]
+        if cb.pytest_args:  # the test command changed: older checkpoints are stale
+            key_parts.append(cb.pytest_args)
+        key = hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()[:16]
         part = os.path.join(out_dir, "partial", f"{cb.name}-{key}.jsonl")
         if os.path.exists(part) and os.path.exists(part + ".report.json"):
             got = load_tasks(part)

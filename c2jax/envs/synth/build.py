@@ -138,7 +138,9 @@ def _probe(cb: Codebase, env_id: str, test_files: list[str], hidden: dict[str, s
 
 def gold_outcomes(cb: Codebase, env_id: str, ctx: BuildContext) -> dict[str, dict[str, Any]]:
     """Per test file: {"stable": [ids passing every run], "flaky": [...], "failing": [...], "wall_s"}."""
-    path = os.path.join(ctx.cache_dir, f"gold-{cb.name}-{cb.source.version}-{cb.source.sha256[:12]}.json")
+    # The test command's extra args are part of the key (a cache made without them is stale).
+    args = "-" + hashlib.sha256(json.dumps(cb.pytest_args).encode()).hexdigest()[:8] if cb.pytest_args else ""
+    path = os.path.join(ctx.cache_dir, f"gold-{cb.name}-{cb.source.version}-{cb.source.sha256[:12]}{args}.json")
     cache: dict = {}
     if os.path.exists(path):
         with open(path) as f:

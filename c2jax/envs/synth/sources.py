@@ -21,6 +21,7 @@ import hashlib
 import importlib.metadata as md
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,12 +54,14 @@ class Codebase:
     pythonpath: str = ""
     import_names: list[str] = dataclasses.field(default_factory=list)
     stdlib_modules: list[str] = dataclasses.field(default_factory=list)
+    pytest_args: list[str] = dataclasses.field(default_factory=list)  # extra args before the test files
 
     def tests_for(self, path: str) -> list[str]:
         return self.test_map.get(path, self.test_files)
 
     def test_cmd(self, test_files: list[str]) -> list[str]:
-        return ["python", "-m", "pytest", "-q", "-rN", "--tb=line", "-p", "no:cacheprovider", *test_files]
+        return ["python", "-m", "pytest", "-q", "-rN", "--tb=line", "-p", "no:cacheprovider", *self.pytest_args,
+                *test_files]
 
     def test_env(self) -> dict[str, str]:
         return {"PYTHONPATH": self.pythonpath} if self.pythonpath else {}
@@ -183,6 +186,35 @@ def _licence_of(meta) -> str:
     return meta.get("License", "") or "UNKNOWN"
 
 
+# Options of pytest plugins the runner venv does not have (pytest-cov, pytest-xdist, ...).
+_PLUGIN_OPTS = re.compile(r"(?<![\w-])(--cov\b|--no-cov\b|-n\s*(auto|\d)|--dist\b|--benchmark-|--flake8|--mypy)")
+_PYTEST_CONFIGS = (("pytest.ini", "[pytest]"), (".pytest.ini", "[pytest]"),
+                   ("pyproject.toml", "[tool.pytest.ini_options]"), ("tox.ini", "[pytest]"),
+                   ("setup.cfg", "[tool:pytest]"))
+
+
+def pytest_config_args(root: str) -> list[str]:
+    """`-o addopts=` when the tree's pytest config adds options of plugins the runner lacks.
+
+    pytest reads the first config file holding a pytest section (pytest.ini, .pytest.ini,
+    pyproject.toml, tox.ini, setup.cfg, in that order); if its `addopts` names e.g. `--cov`
+    (pytest-cov), every run stops at argument parsing and reports no test at all.
+    """
+    for fname, header in _PYTEST_CONFIGS:
+        path = os.path.join(root, fname)
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        if fname not in ("pytest.ini", ".pytest.ini") and header not in text:
+            continue
+        section = text.split(header, 1)[1] if header in text else text
+        section = re.split(r"\n\[", section, maxsplit=1)[0]  # up to the next section
+        m = re.search(r"^addopts\s*=(.*?)(?=^\S|\Z)", section, re.M | re.S)
+        return ["-o", "addopts="] if m and _PLUGIN_OPTS.search(m.group(1)) else []
+    return []
+
+
 def extract_sdist(path: str, dest: str) -> str:
     """Extract a .tar.gz / .zip sdist safely (no absolute paths, links or '..'); returns its top dir."""
     shutil.rmtree(dest, ignore_errors=True)
@@ -245,4 +277,5 @@ def sdist_codebase(name: str, version: str, sdist_path: str, sha256: str, licens
     if not src or not tests:
         raise ValueError(f"{name} {version}: no {'source' if not src else 'test'} files found in the sdist")
     source = Source("pypi", _norm(name), version, sha256, license, f"https://pypi.org/project/{name}/{version}/")
-    return Codebase(_norm(name), source, root, src, tests, _map_tests(src, tests), pythonpath, tops)
+    return Codebase(_norm(name), source, root, src, tests, _map_tests(src, tests), pythonpath, tops,
+                    pytest_args=pytest_config_args(root))
