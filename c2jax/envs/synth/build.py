@@ -331,6 +331,25 @@ def validate_candidate(cb: Codebase, cand: Candidate, env_id: str, gold: dict, c
     return task.replace(provenance={**task.provenance, "validation": validation})
 
 
+def drop_test_files(cb: Codebase, gold: dict, max_test_file_s: float
+                    ) -> tuple[Codebase, dict, list[str], list[str]]:
+    """Drop the test files candidates must not run: (cb, gold, slow, unusable) without them.
+
+    slow: a gold run takes over `max_test_file_s` (every candidate touching it would pay for it).
+    unusable: no stable test on the pristine state (e.g. it fails to collect: it needs
+    hypothesis). It grades nothing, and run with the others its collection error interrupts the
+    whole session, on the gold state too, so every candidate it rides along with was lost.
+    """
+    slow = [t for t in cb.test_files if gold.get(t, {}).get("wall_s", 0) / GOLD_RUNS > max_test_file_s]
+    unusable = [t for t in cb.test_files if t not in slow and not gold.get(t, {}).get("stable")]
+    drop = set(slow) | set(unusable)
+    if drop:
+        gold = {t: g for t, g in gold.items() if t not in drop}
+        cb = dataclasses.replace(cb, test_files=[t for t in cb.test_files if t not in drop],
+                                 test_map={s: [t for t in ts if t not in drop] for s, ts in cb.test_map.items()})
+    return cb, gold, slow, unusable
+
+
 def build_codebase(cb: Codebase, targets: Targets, ctx: BuildContext, split: str,
                    report: dict[str, Any]) -> list[TaskRecord]:
     """Validated tasks from one codebase; skips and their reasons go to `report`."""
@@ -345,12 +364,11 @@ def build_codebase(cb: Codebase, targets: Targets, ctx: BuildContext, split: str
         log.warning("codebase %s skipped: %s", cb.name, rep["error"])
         return []
     rep["gold"] = {t: {k: (len(v) if isinstance(v, list) else round(v, 2)) for k, v in g.items()} for t, g in gold.items()}
-    slow = [t for t in cb.test_files if gold.get(t, {}).get("wall_s", 0) / GOLD_RUNS > targets.max_test_file_s]
-    if slow:  # every candidate touching these would pay for them: drop them (and what only they test)
+    cb, gold, slow, unusable = drop_test_files(cb, gold, targets.max_test_file_s)
+    if slow:  # every candidate touching these would pay for them
         rep["dropped_slow_test_files"] = slow
-        gold = {t: g for t, g in gold.items() if t not in slow}
-        cb = dataclasses.replace(cb, test_files=[t for t in cb.test_files if t not in slow],
-                                 test_map={s: [t for t in ts if t not in slow] for s, ts in cb.test_map.items()})
+    if unusable:
+        rep["dropped_unusable_test_files"] = unusable
     want = {"bug_injection": targets.bug, "multi_bug": targets.multi_bug, "feature_deletion": targets.feature_deletion}
     got: dict[str, list[TaskRecord]] = {k: [] for k in want}
     seen: set[str] = set()
