@@ -76,10 +76,9 @@ def make_repo(root: str) -> str:
 
 @pytest.fixture(scope="module")
 def repo_env():
-    """(repo dir, env id) of the buggy repository, built once per test session (private state dir)."""
+    """(repo dir, env id) of the buggy repository, built once per test session (in the session's
+    private state dir, $C2JAX_ENVS_DIR, set by tests/conftest.py)."""
     if "env" not in _STATE:
-        state = tempfile.mkdtemp(prefix="c2jax_agent_state_")
-        os.environ["C2JAX_ENVS_DIR"] = state
         from c2jax.envs import build_env
 
         repo = make_repo(tempfile.mkdtemp(prefix="c2jax_agent_repo_"))

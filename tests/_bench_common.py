@@ -47,8 +47,8 @@ DATA = os.path.join(os.path.dirname(__file__), "data", "bench")
 
 def state_dir() -> str:
     """The session's private environments state directory."""
-    if "state" not in _STATE:
-        _STATE["state"] = tempfile.mkdtemp(prefix="c2jax_bench_state_")
+    if "state" not in _STATE:  # the session-wide dir from tests/conftest.py when there is one
+        _STATE["state"] = os.environ.get("C2JAX_ENVS_DIR") or tempfile.mkdtemp(prefix="c2jax_bench_state_")
     return _STATE["state"]
 
 

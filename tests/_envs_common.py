@@ -34,6 +34,9 @@ needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"no usable b
 
 @pytest.fixture(scope="session")
 def envs_state(tmp_path_factory):
+    if os.environ.get("C2JAX_ENVS_DIR"):  # the session-wide private dir from tests/conftest.py
+        yield os.environ["C2JAX_ENVS_DIR"]
+        return
     root = tmp_path_factory.mktemp("c2jax_envs_state")
     old = os.environ.get("C2JAX_ENVS_DIR")
     os.environ["C2JAX_ENVS_DIR"] = str(root)
