@@ -13,8 +13,6 @@ import tempfile
 
 import pytest
 
-from c2jax.envs.bwrap import bwrap_path
-from c2jax.envs.errors import SandboxError
 
 REPO_FILES = {
     "pkg/__init__.py": "",
@@ -28,16 +26,7 @@ FIX_PATCH = ("diff --git a/pkg/calc.py b/pkg/calc.py\n--- a/pkg/calc.py\n+++ b/p
              " def add(a, b):\n-    return a - b\n+    return a + b\n \n \n def mul(a, b):\n")
 
 
-def _bwrap_problem() -> str | None:
-    try:
-        bwrap_path()
-        return None
-    except SandboxError as e:
-        return str(e)
-
-
-BWRAP_PROBLEM = _bwrap_problem()
-needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"no usable bwrap: {BWRAP_PROBLEM}")
+from _envs_common import BWRAP_PROBLEM, needs_bwrap  # noqa: E402,F401  (one bwrap probe for all areas)
 
 
 @functools.lru_cache(maxsize=None)

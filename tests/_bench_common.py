@@ -14,8 +14,6 @@ import tempfile
 
 import pytest
 
-from c2jax.envs.bwrap import bwrap_path
-from c2jax.envs.errors import SandboxError
 
 _STATE: dict = {}
 
@@ -32,16 +30,7 @@ def _cleanup() -> None:  # the state directory holds environment images (~100 MB
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _bwrap_problem() -> str | None:
-    try:
-        bwrap_path()
-        return None
-    except SandboxError as e:
-        return str(e)
-
-
-BWRAP_PROBLEM = _bwrap_problem()
-needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"no usable bwrap: {BWRAP_PROBLEM}")
+from _envs_common import BWRAP_PROBLEM, needs_bwrap  # noqa: E402,F401  (one bwrap probe for all areas)
 DATA = os.path.join(os.path.dirname(__file__), "data", "bench")
 
 
