@@ -4,7 +4,8 @@
     python -m c2jax.bench build --suite c2bench-mini|c2bench --out DIR [--workers N] [--seed S]
                                 [--from-checkpoints]          # resumes; or assembles what is done
     python -m c2jax.bench run --suite DIR|tasks.jsonl --policy oracle|null [--k K] [--split eval]
-                              [--out DIR] [--predictions]
+                              [--out DIR] [--predictions] [--no-materialize]
+    python -m c2jax.bench envs --suite DIR|tasks.jsonl [--pypi-cache DIR]   # re-create missing envs
     python -m c2jax.bench convert swebench FILE.jsonl --repos DIR --out DIR
     python -m c2jax.bench convert harbor TASK_DIR [TASK_DIR ...] --out DIR
     python -m c2jax.bench heldout --out heldout.json                  # for data.held_out.packages_file
@@ -48,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--predictions", action="store_true")
+    p.add_argument("--pypi-cache", default=None)
+    p.add_argument("--no-materialize", action="store_true",
+                   help="do not re-create missing task environments first (their samples are masked)")
+    p = sub.add_parser("envs", help="check every task's environment; re-create the missing ones")
+    p.add_argument("--suite", required=True)
+    p.add_argument("--split", choices=("train", "eval"), default=None)
+    p.add_argument("--pypi-cache", default=None)
     p = sub.add_parser("convert")
     p.add_argument("format", choices=("swebench", "harbor"))
     p.add_argument("inputs", nargs="+")
@@ -98,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         out = a.out or os.path.join(a.suite if os.path.isdir(a.suite) else os.path.dirname(a.suite),
                                     f"run-{a.policy}")
+        if not a.no_materialize:
+            from c2jax.bench.materialize import format_report, materialize_envs, missing_envs
+
+            if missing_envs(tasks):
+                rep = materialize_envs(tasks, pypi_cache=a.pypi_cache)
+                print(format_report(rep), file=sys.stderr)
         summary = run_suite(tasks, make_policy(a.policy), out, k=a.k, workers=a.workers,
                             predictions=a.predictions, title=f"{a.policy} on {os.path.basename(a.suite.rstrip('/'))}")
         print(summary["table"])
@@ -108,6 +122,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"PROBLEM: {a.policy} pass@1 {got:.3f} != {expected}", file=sys.stderr)
             return 1
         return 0
+    if a.cmd == "envs":
+        from c2jax.bench.materialize import format_report, materialize_envs
+        from c2jax.envs.tasks import TaskFormatError, load_tasks
+
+        try:
+            tasks = load_tasks(_tasks_path(a.suite, a.split))
+        except (TaskFormatError, OSError) as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        rep = materialize_envs(tasks, pypi_cache=a.pypi_cache)
+        print(format_report(rep))
+        return 1 if rep["failed"] else 0
     if a.cmd == "convert":
         from c2jax.bench.adapters import convert_harbor, convert_swebench
         from c2jax.envs.tasks import TaskFormatError

@@ -20,13 +20,14 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 from c2jax.bench.metrics import median
 from c2jax.envs.synth import heldout, pypi
 from c2jax.envs.synth.build import BuildContext, Targets, build_codebase, enforce_mix
-from c2jax.envs.synth.sources import installed_codebase, sdist_codebase, stdlib_codebase
+from c2jax.envs.synth.sources import Codebase, installed_codebase, sdist_codebase, stdlib_codebase
 from c2jax.envs.tasks import TaskRecord, load_tasks, write_tasks
+from c2jax.bench.materialize import missing_envs
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,35 @@ SUITES: dict[str, SuiteSpec] = {
         max_codebase_share=0.25, min_deletion_share=0.30, eval_codebases=heldout.EVAL_PACKAGES,
         min_tasks=200, min_codebases=8),
 }
+
+
+CodebasePlan = tuple[str, Callable[[], Codebase], Targets]
+
+
+def codebase_plans(spec: SuiteSpec, src_dir: str, pypi_cache: str | None = None) -> list[CodebasePlan]:
+    """(name, prepare, targets) per codebase of `spec`; `prepare()` writes its tree under `src_dir`.
+
+    Shared by the build and by `c2jax.bench.materialize`, which re-creates a task's environment
+    from the same preparation (so the content-hashed environment ids come out identical).
+    """
+    plans: list[CodebasePlan] = []
+    if spec.stdlib_modules:
+        plans.append(("stdlib", lambda: stdlib_codebase(list(spec.stdlib_modules), src_dir),
+                      spec.stdlib_targets or spec.targets))
+    for dist, tests in spec.installed:
+        plans.append((dist, lambda d=dist, t=tests: installed_codebase(d, src_dir, list(t)), spec.targets))
+    for pname in spec.pypi:
+        def make(pname=pname):
+            p = pypi.by_name(pname)
+            path = pypi.cached_path(p, pypi_cache)
+            if path is None:
+                raise FileNotFoundError(f"{p.filename} not in the PyPI cache (run `python -m c2jax.bench prefetch`)")
+            return sdist_codebase(p.name, p.version, path, p.sha256, p.license, src_dir, p.test_globs)
+        p = pypi.by_name(pname)
+        targets = (dataclasses.replace(spec.targets, max_test_file_s=p.max_test_file_s)
+                   if p.max_test_file_s is not None else spec.targets)
+        plans.append((pname, make, targets))
+    return plans
 
 
 def stats_table(tasks: list[TaskRecord]) -> dict[str, Any]:
@@ -111,23 +141,7 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
     src_dir = os.path.join(out_dir, "codebases")
     report: dict[str, Any] = {"suite": name, "seed": seed, "codebases": {}}
     t0 = time.monotonic()
-    plans = []
-    if spec.stdlib_modules:
-        plans.append(("stdlib", lambda: stdlib_codebase(list(spec.stdlib_modules), src_dir),
-                      spec.stdlib_targets or spec.targets))
-    for dist, tests in spec.installed:
-        plans.append((dist, lambda d=dist, t=tests: installed_codebase(d, src_dir, list(t)), spec.targets))
-    for pname in spec.pypi:
-        def make(pname=pname):
-            p = pypi.by_name(pname)
-            path = pypi.cached_path(p, pypi_cache)
-            if path is None:
-                raise FileNotFoundError(f"{p.filename} not in the PyPI cache (run `python -m c2jax.bench prefetch`)")
-            return sdist_codebase(p.name, p.version, path, p.sha256, p.license, src_dir, p.test_globs)
-        p = pypi.by_name(pname)
-        targets = (dataclasses.replace(spec.targets, max_test_file_s=p.max_test_file_s)
-                   if p.max_test_file_s is not None else spec.targets)
-        plans.append((pname, make, targets))
+    plans = codebase_plans(spec, src_dir, pypi_cache)
     tasks: list[TaskRecord] = []
     for cb_name, make_cb, targets in plans:
         if codebases and cb_name not in codebases:
@@ -151,6 +165,13 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
             with open(part + ".report.json") as f:
                 report["codebases"][cb_name] = json.load(f)
             log.info("%s: %d tasks from the checkpoint %s", cb.name, len(got), part)
+            if missing_envs(got):  # the environment cache was cleaned since: re-create, check ids
+                from c2jax.bench.materialize import materialize_envs
+
+                mat = materialize_envs(got, pypi_cache=pypi_cache, suites=[name])
+                report["codebases"][cb_name]["materialized"] = {"recreated": len(mat["recreated"]),
+                                                                "failed": mat["failed"]}
+                got = [t for t in got if t.instance_id not in mat["failed"]]
         elif checkpoints_only:
             rep["error"] = "not built (assembled from checkpoints only)"
             continue

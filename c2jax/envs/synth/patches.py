@@ -37,11 +37,13 @@ def make_patch(old: Mapping[str, str | None], new: Mapping[str, str | None]) -> 
         return _rewrite_headers(r.stdout.decode("utf-8", errors="surrogateescape"))
 
 
-def apply_patch_host(root_files: Mapping[str, str | None], patch: str) -> dict[str, str | None]:
-    """Apply `patch` to the given files in a scratch tree (git apply); returns the changed files.
+def apply_patch_host(root_files: Mapping[str, str | None], patch: str, *,
+                     reverse: bool = False) -> dict[str, str | None]:
+    """Apply `patch` (or undo it: `reverse`) to the given files in a scratch tree (git apply).
 
-    Raises ValueError if the patch does not apply cleanly. Used to check that a gold patch turns
-    the broken state back into the pristine one.
+    Returns the given files' new texts (None: absent). Raises ValueError if the patch does not
+    apply cleanly. Used to check that a gold patch turns the broken state back into the pristine
+    one, and (reverse) to recover a task's broken state from the pristine files and its gold patch.
     """
     with tempfile.TemporaryDirectory(prefix="c2jax-apply-") as tmp:
         for p, text in root_files.items():
@@ -52,7 +54,8 @@ def apply_patch_host(root_files: Mapping[str, str | None], patch: str) -> dict[s
             with open(dst, "w", encoding="utf-8", newline="") as f:
                 f.write(text)
         env = {"PATH": "/usr/bin:/bin", "HOME": tmp, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
-        r = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=patch.encode(), cwd=tmp,
+        args = ["git", "apply", "--whitespace=nowarn"] + (["-R"] if reverse else []) + ["-"]
+        r = subprocess.run(args, input=patch.encode(), cwd=tmp,
                            env=env, capture_output=True)
         if r.returncode != 0:
             raise ValueError(f"patch does not apply: {r.stderr.decode(errors='replace')[:500]}")
