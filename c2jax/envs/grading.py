@@ -18,7 +18,8 @@ Order of operations (../shared/docs/environments.md §4.3):
 5. The test command runs with a clean environment (no PYTEST_ADDOPTS, plugin autoload off);
    the plugin writes one outcome per test id. Skipped, xfailed, errored or unreported tests count
    as failed. A passing (or unreported) canary means the runner was patched: reward 0,
-   flag `tamper:canary`.
+   flag `tamper:canary` — unless the canary's file failed to collect (the agent's code does not
+   import): reward 0, f2p_fraction 0, flag `collection_error`.
 Reward terms: `resolved` (all FAIL_TO_PASS and PASS_TO_PASS pass), `f2p_fraction`,
 `p2p_regressions`. Infrastructure failures (sandbox start/exec errors, failures before the agent's
 code runs, or a failure reproduced on the gold patch) set `masked=True`; timeouts, OOM, crashes or
@@ -82,11 +83,12 @@ class GradeResult:
 
     reward: 1.0 if resolved and untampered, else 0.0 (masked results also carry 0.0: skip them).
     resolved: every FAIL_TO_PASS and PASS_TO_PASS test passed.
-    f2p_fraction: FAIL_TO_PASS tests passing / their count (0 when tampered).
+    f2p_fraction: FAIL_TO_PASS tests passing / their count (0 when tampered or the canary's file
+      failed to collect).
     p2p_regressions: PASS_TO_PASS tests not passing.
     masked: infrastructure failure; exclude the sample instead of scoring it.
     flags: e.g. "unsafe_diff", "diff_does_not_apply", "protected_restored:2", "tamper:canary",
-      "timeout", "oom", "crash", "no_report", "infra:<reason>".
+      "collection_error", "timeout", "oom", "crash", "no_report", "infra:<reason>".
     outcomes: test id -> passed | failed | skipped | xfailed | xpassed | error | missing.
     """
 
@@ -324,13 +326,20 @@ def _score(task: TaskRecord, run: TestRun) -> GradeResult:
         return GradeResult(1.0 if ok else 0.0, ok, frac, 0, False, flags,
                            {"reward": str(run.reward)}, run.duration_s, run.output_tail[-2000:])
     outcomes = {t: run.outcomes.get(t, "missing") for t in (*f2p, *p2p)}
-    if run.canary is not None and run.reported and run.outcomes.get(run.canary, "missing") in ("passed", "missing"):
+    canary = run.outcomes.get(run.canary, "missing") if run.canary is not None else None
+    # An unreported canary whose file failed to collect (e.g. the agent's code no longer imports)
+    # is the agent's error, not a patched runner: no tamper flag, but nothing is trusted either.
+    uncollected = canary == "missing" and run.outcomes.get("collect:" + run.canary.split("::")[0]) == "error"
+    if uncollected and run.reported:
+        flags.append("collection_error")
+    elif canary in ("passed", "missing") and run.reported:
         flags.append("tamper:canary")
     n_f2p = sum(outcomes[t] == "passed" for t in f2p)
     regress = sum(outcomes[t] != "passed" for t in p2p)
     tampered = any(f.startswith("tamper") for f in flags)
-    resolved = (run.reported and not run.killed_reason and not tampered and n_f2p == len(f2p) and regress == 0)
-    frac = 0.0 if tampered or not f2p else n_f2p / len(f2p)
+    resolved = (run.reported and not run.killed_reason and not tampered and not uncollected
+                and n_f2p == len(f2p) and regress == 0)
+    frac = 0.0 if tampered or uncollected or not f2p else n_f2p / len(f2p)
     if run.canary:
         outcomes["<canary>"] = run.outcomes.get(run.canary, "missing")
     return GradeResult(1.0 if resolved else 0.0, resolved, frac, regress, False, flags, outcomes,
