@@ -35,7 +35,15 @@ SYNTH_KINDS = ("stdlib", "pypi", "installed")
 
 
 def env_exists(env_id: str) -> bool:
-    return os.path.exists(os.path.join(images.images_dir(), env_id, "meta.json"))
+    """The environment and every layer under it are in this machine's environment cache."""
+    meta = os.path.join(images.images_dir(), env_id, "meta.json")
+    if not os.path.exists(meta):
+        return False
+    try:
+        layers = images.load(env_id).meta.get("layers", [])
+    except Exception:  # noqa: BLE001 - an unreadable meta.json is as good as missing
+        return False
+    return all(os.path.exists(os.path.join(images.images_dir(), x, "meta.json")) for x in layers)
 
 
 def missing_envs(tasks: Sequence[TaskRecord]) -> list[TaskRecord]:

@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 SCHEMA_VERSION = 1
 SOURCE_KINDS = ("stdlib", "pypi", "installed", "swebench", "harbor")
@@ -261,23 +261,28 @@ def record_from_json(obj: Any, where: str = "<record>") -> TaskRecord:
         split=split, schema_version=ver)
 
 
-def load_tasks(path: str) -> list[TaskRecord]:
-    """Read and validate a JSONL task file; a bad line raises TaskFormatError naming file:line, field."""
-    out, seen = [], {}
+def iter_jsonl(path: str) -> Iterator[tuple[int, str, Any]]:
+    """(line number, "file:line", decoded value) per non-blank line; bad JSON raises TaskFormatError."""
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{path}:{n}"
             try:
-                obj = json.loads(line)
+                yield n, where, json.loads(line)
             except json.JSONDecodeError as e:
                 raise TaskFormatError(f"{where}: not valid JSON ({e})") from None
-            rec = record_from_json(obj, where)
-            if rec.instance_id in seen:
-                raise TaskFormatError(f"{where}: field 'instance_id': duplicate of line {seen[rec.instance_id]}")
-            seen[rec.instance_id] = n
-            out.append(rec)
+
+
+def load_tasks(path: str) -> list[TaskRecord]:
+    """Read and validate a JSONL task file; a bad line raises TaskFormatError naming file:line, field."""
+    out, seen = [], {}
+    for n, where, obj in iter_jsonl(path):
+        rec = record_from_json(obj, where)
+        if rec.instance_id in seen:
+            raise TaskFormatError(f"{where}: field 'instance_id': duplicate of line {seen[rec.instance_id]}")
+        seen[rec.instance_id] = n
+        out.append(rec)
     return out
 
 

@@ -18,8 +18,8 @@ import sys
 from typing import Any
 
 from c2jax.envs.grading import diff_paths
-from c2jax.envs.tasks import DEFAULT_PROTECTED, HiddenTests, Source, TaskFormatError, TaskRecord, TestSpec, \
-    patch_stats
+from c2jax.envs.tasks import (DEFAULT_PROTECTED, HiddenTests, Source, TaskFormatError, TaskRecord, TestSpec,
+                              iter_jsonl, patch_stats)
 
 REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 
@@ -38,30 +38,22 @@ def _id_list(v: Any, where: str, field: str) -> list[str]:
 def read_swebench_jsonl(path: str) -> list[tuple[str, dict]]:
     """[(where, record)] with required fields checked; FAIL_TO_PASS/PASS_TO_PASS decoded to lists."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{n}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskFormatError(f"{where}: not valid JSON ({e})") from None
-            if not isinstance(rec, dict):
-                raise TaskFormatError(f"{where}: field '<record>': expected a JSON object")
-            for k in REQUIRED:
-                if k not in rec:
-                    raise TaskFormatError(f"{where}: field {k!r}: missing")
-            for k in ("instance_id", "repo", "base_commit", "patch", "test_patch"):
-                if not isinstance(rec[k], str):
-                    raise TaskFormatError(f"{where}: field {k!r}: expected a string")
-            if "/" not in rec["repo"]:
-                raise TaskFormatError(f"{where}: field 'repo': expected 'owner/name'")
-            rec["FAIL_TO_PASS"] = _id_list(rec["FAIL_TO_PASS"], where, "FAIL_TO_PASS")
-            rec["PASS_TO_PASS"] = _id_list(rec["PASS_TO_PASS"], where, "PASS_TO_PASS")
-            if not rec["FAIL_TO_PASS"]:
-                raise TaskFormatError(f"{where}: field 'FAIL_TO_PASS': empty")
-            out.append((where, rec))
+    for _, where, rec in iter_jsonl(path):
+        if not isinstance(rec, dict):
+            raise TaskFormatError(f"{where}: field '<record>': expected a JSON object")
+        for k in REQUIRED:
+            if k not in rec:
+                raise TaskFormatError(f"{where}: field {k!r}: missing")
+        for k in ("instance_id", "repo", "base_commit", "patch", "test_patch"):
+            if not isinstance(rec[k], str):
+                raise TaskFormatError(f"{where}: field {k!r}: expected a string")
+        if "/" not in rec["repo"]:
+            raise TaskFormatError(f"{where}: field 'repo': expected 'owner/name'")
+        rec["FAIL_TO_PASS"] = _id_list(rec["FAIL_TO_PASS"], where, "FAIL_TO_PASS")
+        rec["PASS_TO_PASS"] = _id_list(rec["PASS_TO_PASS"], where, "PASS_TO_PASS")
+        if not rec["FAIL_TO_PASS"]:
+            raise TaskFormatError(f"{where}: field 'FAIL_TO_PASS': empty")
+        out.append((where, rec))
     return out
 
 
