@@ -4,7 +4,7 @@
     python -m c2jax.bench build --suite c2bench-mini|c2bench --out DIR [--workers N] [--seed S]
                                 [--from-checkpoints]          # resumes; or assembles what is done
     python -m c2jax.bench run --suite DIR|tasks.jsonl --policy oracle|null [--k K] [--split eval]
-                              [--out DIR] [--predictions] [--no-materialize]
+                              [--out DIR] [--predictions] [--fresh] [--no-materialize]
     python -m c2jax.bench envs --suite DIR|tasks.jsonl [--pypi-cache DIR]   # re-create missing envs
     python -m c2jax.bench convert swebench FILE.jsonl --repos DIR --out DIR
     python -m c2jax.bench convert harbor TASK_DIR [TASK_DIR ...] --out DIR
@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--predictions", action="store_true")
     p.add_argument("--pypi-cache", default=None)
+    p.add_argument("--fresh", action="store_true",
+                   help="ignore the journal of an earlier run into the same --out (default: resume it)")
     p.add_argument("--no-materialize", action="store_true",
                    help="do not re-create missing task environments first (their samples are masked)")
     p = sub.add_parser("envs", help="check every task's environment; re-create the missing ones")
@@ -113,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                 rep = materialize_envs(tasks, pypi_cache=a.pypi_cache)
                 print(format_report(rep), file=sys.stderr)
         summary = run_suite(tasks, make_policy(a.policy), out, k=a.k, workers=a.workers,
-                            predictions=a.predictions, title=f"{a.policy} on {os.path.basename(a.suite.rstrip('/'))}")
+                            predictions=a.predictions, title=f"{a.policy} on {os.path.basename(a.suite.rstrip('/'))}",
+                            progress=sys.stderr.isatty(), resume=not a.fresh)
         print(summary["table"])
         print(f"results: {out}/results.json, {out}/results.png")
         expected = {"oracle": 1.0, "null": 0.0}.get(a.policy)

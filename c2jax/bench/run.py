@@ -7,13 +7,18 @@ pass@1 and pass@k with unbiased estimator, 95% bootstrap CIs over tasks, per cat
 text table (also printed), results.png (pass@1 per category with CI bars, and wall time per
 task), and optionally SWE-bench `predictions.jsonl` (one line per task: the first sample's diff).
 Masked (infrastructure-failure) samples are excluded from n; a task left with no sample is
-reported as masked and excluded from the rates.
+reported as masked and excluded from the rates. Every finished task is appended to
+`out/journal.jsonl`: rerunning the same command resumes a killed run (tasks whose samples were all
+masked are retried).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import json
+import logging
 import os
+import threading
 import time
 from typing import Any, Sequence
 
@@ -22,9 +27,42 @@ from c2jax.bench.policies import Policy
 from c2jax.envs.grading import grade
 from c2jax.envs.tasks import TaskRecord
 
+log = logging.getLogger(__name__)
 
-def run_policy(tasks: Sequence[TaskRecord], policy: Policy, k: int = 1, workers: int = 2) -> list[dict[str, Any]]:
-    """Per task: {"instance_id", "category", "codebase", "samples": [...]} with graded samples."""
+
+def task_digest(task: TaskRecord) -> str:
+    """Content hash of a task record: a journal row is reused only for the identical task."""
+    return hashlib.sha256(json.dumps(task.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _load_journal(path: str, policy: str, k: int) -> dict[tuple[str, str], dict[str, Any]]:
+    """Finished task rows of an earlier (killed) run with the same policy and k; a torn last line is ignored."""
+    done: dict[tuple[str, str], dict[str, Any]] = {}
+    if not os.path.exists(path):
+        return done
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the line being written when the run was killed
+            if row.get("policy") == policy and row.get("k") == k and \
+                    not all(x["masked"] for x in row["row"]["samples"]):  # infra failures are retried
+                done[(row["instance_id"], row["task_digest"])] = row["row"]
+    return done
+
+
+def run_policy(tasks: Sequence[TaskRecord], policy: Policy, k: int = 1, workers: int = 2, *,
+               journal: str | None = None, progress: bool = False) -> list[dict[str, Any]]:
+    """Per task: {"instance_id", "category", "codebase", "samples": [...]} with graded samples.
+
+    journal: a JSONL file every finished task is appended to (flushed and fsynced); a rerun with the
+    same journal, policy and k reuses the rows of identical tasks and runs only the rest, so a
+    killed run resumes where it stopped. progress: a progress bar (tqdm) on stderr.
+    """
+    done = _load_journal(journal, policy.name, k) if journal else {}
+    lock = threading.Lock()
+    jf = open(journal, "a", encoding="utf-8") if journal else None
 
     def one(task: TaskRecord) -> dict[str, Any]:
         samples = []
@@ -40,8 +78,44 @@ def run_policy(tasks: Sequence[TaskRecord], policy: Policy, k: int = 1, workers:
         return {"instance_id": task.instance_id, "category": task.category, "codebase": task.codebase,
                 "split": task.split, "samples": samples}
 
-    with cf.ThreadPoolExecutor(max(1, workers)) as ex:
-        return list(ex.map(one, tasks))
+    digests = [task_digest(t) for t in tasks]
+    rows: list[dict[str, Any] | None] = [done.get((t.instance_id, d)) for t, d in zip(tasks, digests)]
+    todo = [i for i, r in enumerate(rows) if r is None]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"{policy.name}", unit="task")
+    try:
+        with cf.ThreadPoolExecutor(max(1, workers)) as ex:
+            futs = {ex.submit(one, tasks[i]): i for i in todo}
+            for fut in cf.as_completed(futs):
+                i = futs[fut]
+                try:
+                    rows[i] = fut.result()
+                except BaseException:
+                    for f in futs:  # stop queued tasks; those in flight finish, unjournalled
+                        f.cancel()
+                    raise
+                if jf is not None:
+                    with lock:
+                        jf.write(json.dumps({"policy": policy.name, "k": k, "instance_id": tasks[i].instance_id,
+                                             "task_digest": digests[i], "row": rows[i]}) + "\n")
+                        jf.flush()
+                        os.fsync(jf.fileno())
+                if bar is None:
+                    log.info("%s: %d/%d %s resolved=%s", policy.name, sum(r is not None for r in rows), len(rows),
+                             tasks[i].instance_id, [x["resolved"] for x in rows[i]["samples"]])
+                else:
+                    bar.update(1)
+                    bar.set_postfix(resolved=sum(bool(r) and any(s["resolved"] for s in r["samples"])
+                                                 for r in rows))
+    finally:
+        if bar is not None:
+            bar.close()
+        if jf is not None:
+            jf.close()
+    return [r for r in rows if r is not None]
 
 
 def summarize(per_task: list[dict[str, Any]], ks: Sequence[int] = (1,), seed: int = 0) -> dict[str, Any]:
@@ -131,12 +205,20 @@ def write_predictions(per_task: list[dict[str, Any]], path: str, model: str) -> 
 
 
 def run_suite(tasks: Sequence[TaskRecord], policy: Policy, out_dir: str, *, k: int = 1, ks: Sequence[int] | None = None,
-              workers: int = 2, predictions: bool = False, title: str = "") -> dict[str, Any]:
-    """Run, grade, summarise and write results.json / results.txt / results.png (+ predictions)."""
+              workers: int = 2, predictions: bool = False, title: str = "", progress: bool = False,
+              resume: bool = True) -> dict[str, Any]:
+    """Run, grade, summarise and write results.json / results.txt / results.png (+ predictions).
+
+    Finished tasks are journalled in `out_dir/journal.jsonl`; with `resume` a rerun into the same
+    directory reuses them (a killed run loses at most the tasks in flight).
+    """
     os.makedirs(out_dir, exist_ok=True)
     ks = sorted({x for x in (ks or (1, k)) if 1 <= x <= k})
+    journal = os.path.join(out_dir, "journal.jsonl")
+    if not resume and os.path.exists(journal):
+        os.remove(journal)
     t0 = time.monotonic()
-    per_task = run_policy(tasks, policy, k, workers)
+    per_task = run_policy(tasks, policy, k, workers, journal=journal, progress=progress)
     summary = summarize(per_task, ks)
     summary["policy"] = policy.name
     summary["k"] = k
