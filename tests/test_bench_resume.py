@@ -43,7 +43,8 @@ def test_interrupted_run_resumes_without_redoing_finished_tasks(mini_suite, tmp_
     first = CountingOracle(die_at=4)
     with pytest.raises(Interrupted):
         run_suite(tasks, first, out, workers=1)
-    assert first.calls == [t.instance_id for t in tasks[:4]]  # queued tasks were cancelled
+    # Queued tasks are cancelled (the one worker may already have taken the next).
+    assert first.calls[:4] == [t.instance_id for t in tasks[:4]] and len(first.calls) <= 5
     journal = os.path.join(out, "journal.jsonl")
     done = [json.loads(x)["instance_id"] for x in open(journal)]
     assert done == [t.instance_id for t in tasks[:3]]

@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import threading
+import uuid
 
 from c2jax.envs import cgroups
 
@@ -166,7 +167,7 @@ def empty_file() -> str:
     """An empty read-only host file, bound over paths an environment hides (`images.hide_paths_env`)."""
     path = os.path.join(state_dir(), "empty")
     if not os.path.exists(path) or os.path.getsize(path):
-        tmp = f"{path}.{os.getpid()}"
+        tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}"  # unique per call: threads race here
         open(tmp, "w").close()
         os.chmod(tmp, 0o444)
         os.replace(tmp, path)
