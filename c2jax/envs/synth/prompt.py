@@ -12,18 +12,18 @@ import random
 import re
 
 _BUG = (
-    "{where} is misbehaving: {tests} fail{more}. Find and fix the bug in the library code; don't touch the tests.",
-    "Tests {tests} are red{more}. Something in {where} regressed. Fix the implementation.",
-    "Getting wrong results from {where}: {tests} fail{more}. Track it down and fix it.",
+    "{where} is misbehaving: {tests} {fail}{more}. Find and fix the bug in the library code; don't touch the tests.",
+    "{Tests} {tests} {are} red{more}. Something in {where} regressed. Fix the implementation.",
+    "Getting wrong results from {where}: {tests} {fail}{more}. Track it down and fix it.",
 )
 _MULTI = (
-    "Several things broke in {where}: {tests} fail{more}. Fix the library code (there may be more than one bug).",
-    "Regressions in {where}: {tests} fail{more}. Fix them all, leave the tests alone.",
+    "Several things broke in {where}: {tests} {fail}{more}. Fix the library code (there may be more than one bug).",
+    "Regressions in {where}: {tests} {fail}{more}. Fix them all, leave the tests alone.",
 )
 _DELETE = (
-    "{funcs} {verb} missing in {files}; they just raise NotImplementedError. Implement them.{hint} "
+    "{funcs} {verb} missing in {files}; {they} just {raise_} NotImplementedError. Implement {them}.{hint} "
     "Tests like {tests} should pass.",
-    "Implement {funcs} ({files}): currently stubs.{hint} {tests} exercise them.",
+    "Implement {funcs} ({files}): currently {stubs}.{hint} {tests} {exercise} {them}.",
 )
 
 
@@ -50,7 +50,11 @@ def bug_prompt(paths: list[str], f2p: list[str], rng: random.Random, multi: bool
     mods = sorted({_module(p) for p in paths})
     where = " and ".join(f"`{m}`" for m in mods[:2])
     tests, more = _tests_phrase(f2p, rng)
-    return rng.choice(_MULTI if multi else _BUG).format(where=where, tests=tests, more=more)
+    one = "," not in tests and not more  # a single failing test: singular verbs
+    return rng.choice(_MULTI if multi else _BUG).format(where=where, tests=tests, more=more,
+                                                        fail="fails" if one else "fail",
+                                                        Tests="Test" if one else "Tests",
+                                                        are="is" if one else "are")
 
 
 def deletion_prompt(functions: list[tuple[str, str, str]], f2p: list[str], rng: random.Random,
@@ -69,8 +73,12 @@ def deletion_prompt(functions: list[tuple[str, str, str]], f2p: list[str], rng: 
                 hint = cand
                 break
     tests, _ = _tests_phrase(f2p, rng)
-    return rng.choice(_DELETE).format(funcs=funcs, verb="are" if len(names) > 1 else "is", files=files,
-                                      hint=hint, tests=tests)
+    many = len(names) > 1
+    exercise = "exercise" if "," in tests else "exercises"
+    return rng.choice(_DELETE).format(funcs=funcs, verb="are" if many else "is", files=files, hint=hint,
+                                      tests=tests, they="they" if many else "it",
+                                      raise_="raise" if many else "raises", them="them" if many else "it",
+                                      stubs="stubs" if many else "a stub", exercise=exercise)
 
 
 def leaks(prompt: str, patch: str, min_len: int = 12) -> bool:
