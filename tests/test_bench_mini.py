@@ -34,6 +34,11 @@ def test_mini_build_is_validated_and_split_by_codebase(mini_suite):
     rep = json.load(open(os.path.join(out, "build_report.json")))
     for cb in ("stdlib", "simplejson"):
         assert rep["codebases"][cb]["accepted"] >= 4 and rep["codebases"][cb]["gold"]
+    # Gold-state runs are cached beside the environments, keyed by the codebase environment's id.
+    from c2jax.envs.state import state_dir
+
+    gold = sorted(os.listdir(os.path.join(state_dir(), "gold")))
+    assert any(g.startswith("gold-stdlib-") for g in gold) and any(g.startswith("gold-simplejson-") for g in gold)
     for t in tasks:
         v = t.provenance["validation"]
         assert v["gold_runs"] == 3 and v["gold_resolves"] and v["leak_scan"] == "clean"

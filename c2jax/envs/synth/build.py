@@ -137,10 +137,19 @@ def _probe(cb: Codebase, env_id: str, test_files: list[str], hidden: dict[str, s
 
 
 def gold_outcomes(cb: Codebase, env_id: str, ctx: BuildContext) -> dict[str, dict[str, Any]]:
-    """Per test file: {"stable": [ids passing every run], "flaky": [...], "failing": [...], "wall_s"}."""
-    # The test command's extra args are part of the key (a cache made without them is stale).
+    """Per test file: {"stable": [ids passing every run], "flaky": [...], "failing": [...], "wall_s"}.
+
+    Cached per package version beside the environment images ($C2JAX_ENVS_DIR/gold), keyed by the
+    codebase environment's content-hashed id (codebase tree, runner venv, interpreter, hidden
+    paths) and the test command's extra args, so every build on this machine reuses it and
+    nothing stale is ever read.
+    """
+    from c2jax.envs.state import state_dir
+
     args = "-" + hashlib.sha256(json.dumps(cb.pytest_args).encode()).hexdigest()[:8] if cb.pytest_args else ""
-    path = os.path.join(ctx.cache_dir, f"gold-{cb.name}-{cb.source.version}-{cb.source.sha256[:12]}{args}.json")
+    gold_dir = os.path.join(state_dir(), "gold")
+    os.makedirs(gold_dir, exist_ok=True)
+    path = os.path.join(gold_dir, f"gold-{cb.name}-{cb.source.version}-{env_id}{args}.json")
     cache: dict = {}
     if os.path.exists(path):
         with open(path) as f:
@@ -163,7 +172,7 @@ def gold_outcomes(cb: Codebase, env_id: str, ctx: BuildContext) -> dict[str, dic
         with cf.ThreadPoolExecutor(max(1, ctx.workers)) as ex:
             for tf, res in ex.map(one, todo):
                 cache[tf] = res
-        tmp = path + ".tmp"
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # concurrent builds share the cache
         with open(tmp, "w") as f:
             json.dump(cache, f)
         os.replace(tmp, path)
