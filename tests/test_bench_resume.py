@@ -56,6 +56,10 @@ def test_interrupted_run_resumes_without_redoing_finished_tasks(mini_suite, tmp_
     assert summary["overall"]["pass@1"] == 1.0 and summary["overall"]["tasks"] == len(tasks)
     res = json.load(open(os.path.join(out, "results.json")))
     assert [r["instance_id"] for r in res["tasks"]] == [t.instance_id for t in tasks]
+    splits = {t.split for t in tasks}
+    assert set(summary["by_split"]) == splits
+    assert sum(b["tasks"] for b in summary["by_split"].values()) == len(tasks)
+    assert all(f"split:{sp}" in summary["table"] for sp in splits)
     # Another policy name or k does not reuse the journal; --fresh (resume=False) drops it.
     third = CountingOracle()
     run_suite(tasks[:2], third, out, workers=1, k=2)

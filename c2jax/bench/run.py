@@ -3,7 +3,8 @@
     python -m c2jax.bench run --suite runs/c2bench-mini --policy oracle --k 1 --out runs/oracle
 
 Writes into `out`: results.json (per task: samples, rewards, flags, tokens, wall time; summary:
-pass@1 and pass@k with unbiased estimator, 95% bootstrap CIs over tasks, per category), a
+pass@1 and pass@k with unbiased estimator, 95% bootstrap CIs over tasks, per category and per
+split: the training distribution and the held-out evaluation set), a
 text table (also printed), results.png (pass@1 per category with CI bars, and wall time per
 task), and optionally SWE-bench `predictions.jsonl` (one line per task: the first sample's diff).
 Masked (infrastructure-failure) samples are excluded from n; a task left with no sample is
@@ -141,14 +142,17 @@ def summarize(per_task: list[dict[str, Any]], ks: Sequence[int] = (1,), seed: in
         return out
 
     cats = sorted({r["category"] for r in per_task})
-    return {"overall": block(per_task), "by_category": {c: block([r for r in per_task if r["category"] == c])
-                                                        for c in cats}}
+    splits = sorted({r.get("split", "train") for r in per_task})
+    return {"overall": block(per_task),
+            "by_category": {c: block([r for r in per_task if r["category"] == c]) for c in cats},
+            "by_split": {sp: block([r for r in per_task if r.get("split", "train") == sp]) for sp in splits}}
 
 
 def format_table(summary: dict[str, Any], ks: Sequence[int]) -> str:
     head = ["group", "tasks", "masked"] + [f"pass@{k} [95% CI]" for k in ks] + ["tokens/task", "wall s/task"]
     rows = [head]
-    groups = [("overall", summary["overall"])] + list(summary["by_category"].items())
+    groups = ([("overall", summary["overall"])] + list(summary["by_category"].items())
+              + [(f"split:{k}", b) for k, b in summary.get("by_split", {}).items()])
     for name, b in groups:
         row = [name, str(b["tasks"]), str(b["masked_tasks"])]
         for k in ks:
