@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable
 
 from c2jax.bench.metrics import median
+from c2jax.envs import images
 from c2jax.envs.synth import heldout, pypi
 from c2jax.envs.synth.build import BuildContext, Targets, build_codebase, enforce_mix
 from c2jax.envs.synth.sources import Codebase, installed_codebase, sdist_codebase, stdlib_codebase
@@ -155,7 +156,8 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
             continue
         split = "eval" if cb.name in spec.eval_codebases else "train"
         # Per-codebase checkpoint: a killed build resumes from the codebases already done.
-        key_parts = [cb.source.sha256, seed, dataclasses.asdict(targets), split, spec.scan_each_task]
+        key_parts = [cb.source.sha256, seed, dataclasses.asdict(targets), split, spec.scan_each_task,
+                     images.tree_digest(cb.root)]  # how the workspace was prepared counts too
         if cb.pytest_args:  # the test command changed: older checkpoints are stale
             key_parts.append(cb.pytest_args)
         key = hashlib.sha256(json.dumps(key_parts).encode()).hexdigest()[:16]
@@ -186,8 +188,12 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
                 json.dump(report["codebases"][cb.name], f, indent=1)
         tasks.extend(got)
     before = len(tasks)
-    tasks = enforce_mix(tasks, spec.max_codebase_share, spec.min_deletion_share,
-                        spec.targets.deletion_min_lines, spec.targets.deletion_min_files) if tasks else []
+    problems = []
+    try:
+        tasks = enforce_mix(tasks, spec.max_codebase_share, spec.min_deletion_share,
+                            spec.targets.deletion_min_lines, spec.targets.deletion_min_files) if tasks else []
+    except ValueError as e:  # e.g. a --codebases subset: keep (and write) every task, report it
+        problems.append(f"mix not met, nothing dropped: {e}")
     report["dropped_by_mix"] = before - len(tasks)
     report["wall_s"] = round(time.monotonic() - t0, 1)
     stats = stats_table(tasks)
@@ -196,7 +202,6 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
         write_tasks(os.path.join(out_dir, f"{split}.jsonl"), [t for t in tasks if t.split == split])
     with open(os.path.join(out_dir, "stats.json"), "w") as f:
         json.dump(stats, f, indent=1)
-    problems = []
     if len(tasks) < spec.min_tasks:
         problems.append(f"{len(tasks)} tasks < {spec.min_tasks}")
     if stats["n_codebases"] < spec.min_codebases:

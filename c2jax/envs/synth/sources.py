@@ -232,6 +232,43 @@ def extract_sdist(path: str, dest: str) -> str:
     return os.path.join(dest, tops[0]) if len(tops) == 1 else dest
 
 
+_SCRIPT_GROUPS = ("console_scripts", "gui_scripts")
+
+
+def _keep_entry_points(top: str, root: str, name: str, version: str) -> list[str]:
+    """Recreate the entry points the package looks up in its own metadata; returns the dirs made.
+
+    Packages that find their own plugins through `importlib.metadata.entry_points` (Markdown's
+    extensions by short name) fail those tests unless the distribution is installed. The
+    workspace is imported from its tree, so a minimal `NAME-VERSION.dist-info` (METADATA with name
+    and version, and the sdist egg-info's entry_points.txt) beside the packages makes the lookup
+    work. Console scripts alone are not worth it. Nothing else of the egg-info is kept (its
+    SOURCES.txt and long description; the leak scan rejects any *.egg-info in the workspace).
+    """
+    kept = []
+    for d, dirs, _ in os.walk(top):
+        for sub in list(dirs):
+            if not sub.endswith(".egg-info"):
+                continue
+            dirs.remove(sub)
+            eps = os.path.join(d, sub, "entry_points.txt")
+            if not os.path.isfile(eps):
+                continue
+            with open(eps, encoding="utf-8") as f:
+                text = f.read()
+            groups = re.findall(r"^\[([^\]]+)\]", text, re.M)
+            if not [g for g in groups if g.strip() not in _SCRIPT_GROUPS]:
+                continue
+            dst = os.path.join(root, os.path.relpath(d, top), f"{_norm(name).replace('-', '_')}-{version}.dist-info")
+            os.makedirs(dst, exist_ok=True)
+            with open(os.path.join(dst, "METADATA"), "w", encoding="utf-8") as f:
+                f.write(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+            with open(os.path.join(dst, "entry_points.txt"), "w", encoding="utf-8") as f:
+                f.write(text)
+            kept.append(os.path.relpath(dst, root))
+    return kept
+
+
 def sdist_codebase(name: str, version: str, sdist_path: str, sha256: str, license: str, out_dir: str,
                    test_globs: list[str] | tuple[str, ...] = ()) -> Codebase:
     """A verified sdist from the prefetch cache as a workspace (tests as shipped).
@@ -249,6 +286,7 @@ def sdist_codebase(name: str, version: str, sdist_path: str, sha256: str, licens
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(top, root, symlinks=False,
                     ignore=shutil.ignore_patterns("*.pyc", "__pycache__", "*.egg-info", "PKG-INFO", ".git*"))
+    _keep_entry_points(top, root, name, version)
     shutil.rmtree(tmp, ignore_errors=True)
     rel = sorted(os.path.relpath(os.path.join(d, n), root) for d, _, ns in os.walk(root) for n in ns)
     src, tests = _split_py(rel)
