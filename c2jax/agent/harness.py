@@ -110,8 +110,9 @@ class Episode:
 class _Run:
     """State of one episode."""
 
-    def __init__(self, harness: "Harness", policy: Policy, sandbox: Any, prompt: str) -> None:
+    def __init__(self, harness: "Harness", policy: Policy, sandbox: Any, prompt: str, sample_id: str = "") -> None:
         self.h, self.policy, self.sb, self.prompt = harness, policy, sandbox, prompt
+        self.sample_id = sample_id
         self.cfg = harness.config
         self.box = Toolbox(sandbox, self.cfg.tools)
         self.tools = self.box.schemas()
@@ -144,7 +145,8 @@ class _Run:
 
     def request(self, max_new: int, purpose: str) -> TurnRequest:
         return TurnRequest(prompt_ids=self.ctx.prompt_ids(), messages=self.ctx.openai_messages(), tools=self.tools,
-                           max_new_tokens=max_new, turn=self.turns, purpose=purpose)
+                           max_new_tokens=max_new, turn=self.turns, purpose=purpose,
+                           sample_id=self.sample_id)
 
     def record(self, gen: Generation, purpose: str, t_start: float):
         """Append a generation to the context; returns the parsed message."""
@@ -308,7 +310,7 @@ class Harness:
 
     async def arun(self, policy: Policy, sandbox: Any, prompt: str, *, task_id: str = "task",
                    group_id: str | None = None, sample_id: str = "", diff: bool = True) -> Episode:
-        run = _Run(self, policy, sandbox, prompt)
+        run = _Run(self, policy, sandbox, prompt, sample_id)
         infra = False
         try:
             stop = await run.loop()

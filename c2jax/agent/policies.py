@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import os
 from typing import Any, Callable, Sequence
@@ -36,8 +37,9 @@ class TurnRequest:
     messages: list[dict]  # the same context as OpenAI messages (assistant ones carry token_ids)
     tools: list[dict]  # OpenAI tool declarations
     max_new_tokens: int
-    turn: int = 0
+    turn: int = 0  # generations so far in this episode (all contexts)
     purpose: str = "act"  # 'act' | 'summarize'
+    sample_id: str = ""  # the episode's sample id ("task#k"); seeds sampling order-free
 
 
 @dataclasses.dataclass
@@ -78,25 +80,48 @@ def _no_stop_iteration(fn: Callable, *args: Any) -> Any:
 
 # ---- c2jax checkpoint through the sampling engine --------------------------------------------------
 
+def request_seed(seed: int, salt: int | str | None, sample_id: str, turn: int, purpose: str) -> int:
+    """A uint32 seed from (base seed, salt, sample id, turn, purpose): stable across processes and
+    Python versions (blake2b of a canonical string), independent of arrival order."""
+    key = json.dumps([int(seed), None if salt is None else str(salt), str(sample_id), int(turn), str(purpose)])
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
+
+
 @POLICIES.register("engine")
 class EnginePolicy(Policy):
-    """A c2jax model through `c2jax.sampling.Engine` (greedy when temperature == 0)."""
+    """A c2jax model through `c2jax.sampling.Engine` (greedy when temperature == 0).
+
+    Seeds are order-free: with `seed` set, request seed = `request_seed(seed, seed_salt,
+    req.sample_id, req.turn, req.purpose)` (a blake2b hash -> uint32), never the arrival order or
+    the batch a request lands in, so the same sample gets the same tokens however many episodes run
+    concurrently and in whatever order they are submitted. `seed_salt` (e.g. the RL step) makes
+    each step's draws different but reproducible. A request without a sample id hashes its prompt
+    ids instead. `seed=None`: the engine draws seeds (not reproducible).
+    """
 
     name = "engine"
 
     def __init__(self, engine: Any, fmt: ChatFormat, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int | None = None) -> None:
+                 top_k: int = 0, seed: int | None = None, seed_salt: int | str | None = None) -> None:
         self.engine, self.fmt = engine, fmt
         self.temperature, self.top_p, self.top_k, self.seed = temperature, top_p, top_k, seed
+        self.seed_salt = seed_salt
         self.max_context_tokens = int(engine.config.max_len)
-        self._n = 0
+
+    def seed_for(self, req: TurnRequest) -> int | None:
+        """The engine seed of `req` (None when the policy has no base seed)."""
+        if self.seed is None:
+            return None
+        sid = req.sample_id
+        if not sid:
+            sid = "prompt:" + hashlib.blake2b(np.asarray(req.prompt_ids, np.int64).tobytes(), digest_size=16).hexdigest()
+        return request_seed(self.seed, self.seed_salt, sid, req.turn, req.purpose)
 
     def _request(self, req: TurnRequest):
         from c2jax.sampling import Request, SamplingParams
 
         room = self.engine.config.max_len - len(req.prompt_ids)
-        seed = None if self.seed is None else (self.seed + self._n) % 2**32
-        self._n += 1
+        seed = self.seed_for(req)
         params = SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                                 max_new_tokens=max(1, min(req.max_new_tokens, room)), seed=seed,
                                 stop_token_ids=tuple(self.fmt.stop_ids))
@@ -143,6 +168,7 @@ class OpenAIPolicy(Policy):
             "OPENAI_API_KEY") or "none", timeout=timeout, max_retries=0)
         self.model = model
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
+        self.seed_salt: int | str | None = None
         self.use_token_ids = use_token_ids
 
     def _model(self) -> str:
@@ -157,8 +183,9 @@ class OpenAIPolicy(Policy):
                                   temperature=self.temperature, top_p=self.top_p, logprobs=True)
         if req.tools:
             kw["tools"] = req.tools
-        if self.seed is not None:
-            kw["seed"] = self.seed
+        if self.seed is not None:  # per request, order-free (as EnginePolicy): k samples must differ
+            kw["seed"] = request_seed(self.seed, self.seed_salt, req.sample_id or "", req.turn, req.purpose) \
+                if req.sample_id else self.seed
         resp = self.client.chat.completions.create(**kw)
         ch = resp.choices[0]
         m = ch.message
