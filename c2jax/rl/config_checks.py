@@ -17,6 +17,7 @@ from c2jax.config import Checker, register_validator
 from c2jax.rl.advantages import ADVANTAGES
 from c2jax.rl.aggregation import AGGREGATIONS
 from c2jax.rl.kl import KL_ESTIMATORS, KL_PLACEMENTS
+from c2jax.rl.stage_config import STAGE_KEYS, validate_rl_stage
 from c2jax.rl.loss import _plain, resolve_rl_config
 from c2jax.rl.objectives import POLICY_LOSSES
 from c2jax.rl.rewards import REWARD_TERMS, term_spec
@@ -67,10 +68,13 @@ def _named(check: Checker, key: str, section: Mapping[str, Any], registry) -> tu
 @register_validator("rl")
 def validate_rl(check: Checker, rl: Any, full: Any) -> None:
     c = resolve_rl_config(rl)
-    known = {"group_size", "behaviour_logprobs", "overlong_mask", "advantage", "objective", "aggregation", "kl", "rewards"}
-    for k in _plain(rl) or {}:
+    known = {"group_size", "behaviour_logprobs", "overlong_mask", "advantage", "objective", "aggregation", "kl",
+             "rewards"} | set(STAGE_KEYS)
+    raw = _plain(rl) or {}
+    for k in raw:
         if k not in known:
             check.error(k, f"unknown rl option; known: {sorted(known)}")
+    validate_rl_stage(check, raw)
 
     g = c["group_size"]
     if isinstance(g, bool) or not isinstance(g, int) or g < 2:

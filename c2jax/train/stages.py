@@ -25,6 +25,8 @@ STAGE_MODULES: dict[str, str] = {
     "cpt": "c2jax.train.pretrain",
     "long_context": "c2jax.train.pretrain",
     "sft": "c2jax.train.pretrain",
+    "agent_sft": "c2jax.train.agent_sft",
+    "rl": "c2jax.train.rl",
 }
 
 
@@ -48,14 +50,53 @@ def write_summary(workdir: str, summary: dict) -> str:
     return path
 
 
+def _plain(x: Any) -> Any:
+    return x.to_dict() if hasattr(x, "to_dict") else x
+
+
+def build_cache(config: Any) -> tuple[list[str], str | None, Any]:
+    """Cached build stages: ``config.build = {stages: [...], dir: 'runs/cache', seed: 0}``.
+
+    The listed stages (a prefix of `config.stages`, e.g. cpt and agent_sft) run in a directory
+    content-addressed by everything in the config except ``seed``, ``rl``, ``build.dir`` and the later
+    stages, with ``seed`` replaced by ``build.seed``; so a second seed (which changes the RL stage
+    only) finds them finished and reuses them. Returns (stages, directory, the build config)."""
+    build = _plain(config.get("build")) if hasattr(config, "get") else None
+    if not build or not build.get("stages"):
+        return [], None, config
+    import copy
+    import hashlib
+
+    stages = list(build["stages"])
+    plain = {k: _plain(v) for k, v in config.items() if k not in ("seed", "rl", "build", "stages", "config_path")}
+    plain["build_seed"], plain["build_stages"] = int(build.get("seed", 0)), stages
+    digest = hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    root = build.get("dir") or os.path.join("runs", "cache")
+    bcfg = copy.deepcopy(config)
+    if hasattr(bcfg, "unlock"):
+        with bcfg.unlocked():
+            bcfg.seed = int(build.get("seed", 0))
+    else:
+        bcfg["seed"] = int(build.get("seed", 0))
+    return stages, os.path.join(os.path.abspath(root), "build", digest), bcfg
+
+
 def run_stages(config: Any, workdir: str) -> dict:
-    """Run `config.stages` in order; returns and writes `{stage: summary}` to summary.json."""
+    """Run `config.stages` in order; returns and writes `{stage: summary}` to summary.json.
+
+    Stages named in ``config.build.stages`` run in a shared, content-addressed cache directory (see
+    `build_cache`); the others in `workdir`."""
     summary: dict[str, Any] = {}
     state: dict = {}
+    cached, cache_dir, build_cfg = build_cache(config)
     for name in list(config.stages):
         fn = get_stage(name)
         t0 = time.time()
-        state, stage_summary = fn(config, workdir, state)
+        if name in cached:
+            state, stage_summary = fn(build_cfg, cache_dir, state)
+            stage_summary = dict(stage_summary, build_dir=cache_dir)
+        else:
+            state, stage_summary = fn(config, workdir, state)
         stage_summary = dict(stage_summary)
         stage_summary.setdefault("wall_time_s", time.time() - t0)
         summary[name] = stage_summary

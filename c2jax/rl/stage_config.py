@@ -1,0 +1,171 @@
+"""Keys of the ``rl`` config section that belong to the RL *stage* (the loop), beside the loss keys.
+
+The loss keys (``group_size``, ``advantage``, ``objective``, ``aggregation``, ``kl``, ``rewards``,
+...) are `c2jax.rl.loss.DEFAULT_RL_CONFIG`; the stage adds what one optimizer step needs around the
+loss: how many tasks per step, how many steps, the optimizer, staleness, router replay, the task
+family, the policy's sampling settings and the held-out evaluation. `full_rl_defaults()` is the union;
+`experiments/configs/rl_quickstart.py` writes every key of it explicitly (a test checks that), so
+each one can be overridden with ``--config.rl.KEY=...`` on a locked config.
+
+`validate_rl_stage(check, c)` checks the stage keys (called by the ``rl`` validator in
+`c2jax/rl/config_checks.py`), naming each bad key and its allowed values, before any compute.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+# The stage's defaults. Sections are merged one level deep with the experiment's values.
+RL_STAGE_DEFAULTS: dict[str, Any] = dict(
+    steps=16,  # optimizer steps of the RL stage
+    tasks_per_step=4,  # prompts per step; each gets `group_size` rollouts
+    max_staleness=0,  # policy versions a sample may lag the learner at its update (0 = on-policy)
+    learning_rate=1e-5,  # constant (after `warmup_steps`); full-parameter Adam
+    warmup_steps=0,
+    optimizer=dict(b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=1.0),
+    router_replay=True,  # learner forward replays the sampler's routed experts
+    replay_margin=None,  # plausibility filter: None = replay as recorded; delta >= 0 = replace implausible
+    learner_moe_impl="dropless",  # learner MoE implementation (never 'capacity': it drops tokens)
+    temperature=1.0,  # rollout sampling temperature (the learner's logprobs use the same)
+    top_p=1.0,
+    max_len=1024,  # positions per learner row and per engine slot (prompt + generation)
+    max_in_flight=32,  # episodes running concurrently (engine slots and sandboxes)
+    reference="init",  # frozen reference policy for the KL metrics/term: the stage's initial (SFT) weights
+    init_from="previous",  # 'previous' (the previous stage's checkpoint) | 'ckpt:PATH' | 'scratch'
+    ckpt_every=1,  # step checkpoints (resume point after a kill)
+    keep_checkpoints=2,
+    log_every=1,
+    replay_metrics=True,  # also run the learner without replay to measure mismatch and route flips
+    # Single-epoch task stream; after `upsample_after_step`, tasks are drawn with weights from the
+    # heuristics of their (earlier) rollouts: mean turns and thinking tokens (report 3.2).
+    curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
+    # The learnable task family (c2jax.envs.synth.toyfix) built for the stage (cached).
+    tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=256, seed=0),
+    # Held-out evaluation before and after RL (same command both times).
+    eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32),
+)
+
+LEARNER_MOE_IMPLS = ("dropless", "pallas")  # the dropless entries of c2jax.model.MOE_IMPLS
+REFERENCES = ("init", "none")
+
+
+def stage_defaults() -> dict[str, Any]:
+    return copy.deepcopy(RL_STAGE_DEFAULTS)
+
+
+def full_rl_defaults() -> dict[str, Any]:
+    """Loss defaults + stage defaults: every key the ``rl`` section may hold."""
+    from c2jax.rl.loss import DEFAULT_RL_CONFIG
+
+    out = copy.deepcopy(DEFAULT_RL_CONFIG)
+    out.update(stage_defaults())
+    return out
+
+
+def resolve_stage(cfg: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Stage defaults updated (one level deep per section) with the ``rl`` section's stage keys."""
+    out = stage_defaults()
+    for k, v in dict(cfg or {}).items():
+        if k not in out:
+            continue
+        if isinstance(v, Mapping) and isinstance(out[k], dict):
+            out[k] = {**out[k], **dict(v)}
+        else:
+            out[k] = v
+    return out
+
+
+def _int(check: Any, key: str, v: Any, lo: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        check.error(key, f"must be an integer >= {lo}, got {v!r}")
+
+
+def _float(check: Any, key: str, v: Any, lo: float, lo_open: bool = False, hi: float | None = None,
+           allow_none: bool = False) -> None:
+    if v is None and allow_none:
+        return
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and v == v
+    if ok:
+        ok = (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
+    if not ok:
+        rng = f"{'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
+        check.error(key, f"must be a number {rng}{' or None' if allow_none else ''}, got {v!r}")
+
+
+def _sub(check: Any, key: str, got: Mapping[str, Any], allowed: Mapping[str, Any]) -> None:
+    for k in got:
+        if k not in allowed:
+            check.error(f"{key}.{k}", f"unknown option; known: {sorted(allowed)}")
+
+
+def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
+    """Check the stage keys of the ``rl`` section (raw: the section as plain dicts)."""
+    c = resolve_stage(raw)
+    d = RL_STAGE_DEFAULTS
+    for key in ("steps", "tasks_per_step", "max_in_flight", "ckpt_every", "keep_checkpoints", "log_every"):
+        _int(check, key, c[key], 1)
+    _int(check, "max_staleness", c["max_staleness"], 0)
+    _int(check, "warmup_steps", c["warmup_steps"], 0)
+    _int(check, "max_len", c["max_len"], 16)
+    _float(check, "learning_rate", c["learning_rate"], 0.0, lo_open=True)
+    _float(check, "temperature", c["temperature"], 0.0, lo_open=True)
+    _float(check, "top_p", c["top_p"], 0.0, lo_open=True, hi=1.0)
+    _float(check, "replay_margin", c["replay_margin"], 0.0, allow_none=True)
+    for key in ("router_replay", "replay_metrics"):
+        if not isinstance(c[key], bool):
+            check.error(key, f"must be a bool, got {c[key]!r}")
+    if c["learner_moe_impl"] not in LEARNER_MOE_IMPLS:
+        check.error("learner_moe_impl", f"must be one of {list(LEARNER_MOE_IMPLS)} (the learner must not drop "
+                    f"tokens, so never 'capacity'), got {c['learner_moe_impl']!r}")
+    if c["reference"] not in REFERENCES:
+        check.error("reference", f"must be one of {list(REFERENCES)}, got {c['reference']!r}")
+    init = c["init_from"]
+    if not isinstance(init, str) or not (init in ("previous", "scratch") or init.startswith("ckpt:")):
+        check.error("init_from", f"must be 'previous', 'scratch' or 'ckpt:PATH', got {init!r}")
+    opt = dict(c["optimizer"])
+    _sub(check, "optimizer", opt, d["optimizer"])
+    for k in ("b1", "b2"):
+        _float(check, f"optimizer.{k}", opt.get(k), 0.0, hi=0.999999)
+    _float(check, "optimizer.eps", opt.get("eps"), 0.0, lo_open=True)
+    _float(check, "optimizer.weight_decay", opt.get("weight_decay"), 0.0)
+    _float(check, "optimizer.clip_norm", opt.get("clip_norm"), 0.0, lo_open=True, allow_none=True)
+    cur = dict(c["curriculum"])
+    _sub(check, "curriculum", cur, d["curriculum"])
+    _int(check, "curriculum.upsample_after_step", cur.get("upsample_after_step"), 0)
+    _int(check, "curriculum.pool", cur.get("pool"), 1)
+    w = cur.get("weights")
+    if not isinstance(w, Mapping):
+        check.error("curriculum.weights", f"must be a dict over ['thinking_tokens', 'turns'], got {w!r}")
+    else:
+        for k, v in dict(w).items():
+            if k not in ("turns", "thinking_tokens"):
+                check.error(f"curriculum.weights.{k}", "unknown heuristic; known: ['thinking_tokens', 'turns']")
+            else:
+                _float(check, f"curriculum.weights.{k}", v, 0.0)
+    tasks = dict(c["tasks"])
+    _sub(check, "tasks", tasks, d["tasks"])
+    if tasks.get("suite") != "toyfix":
+        check.error("tasks.suite", f"must be one of ['toyfix'], got {tasks.get('suite')!r}")
+    _int(check, "tasks.difficulty", tasks.get("difficulty"), 1)
+    for k in ("n_train", "n_eval", "n_demo"):
+        _int(check, f"tasks.{k}", tasks.get(k), 0)
+    _int(check, "tasks.seed", tasks.get("seed"), 0)
+    ev = dict(c["eval"])
+    _sub(check, "eval", ev, d["eval"])
+    if not isinstance(ev.get("enabled"), bool):
+        check.error("eval.enabled", f"must be a bool, got {ev.get('enabled')!r}")
+    for k in ("k", "n_tasks", "max_in_flight"):
+        _int(check, f"eval.{k}", ev.get(k), 1)
+    _float(check, "eval.temperature", ev.get("temperature"), 0.0)
+    # Cross-key checks (only when the pieces are individually fine).
+    if isinstance(c["steps"], int) and isinstance(c["tasks_per_step"], int) and isinstance(tasks.get("n_train"), int):
+        need = c["steps"] * c["tasks_per_step"]
+        if tasks["n_train"] < need:
+            check.error("tasks.n_train", f"a single-epoch stream of {need} tasks (steps x tasks_per_step) needs "
+                        f"n_train >= {need}, got {tasks['n_train']}")
+    if isinstance(ev.get("n_tasks"), int) and isinstance(tasks.get("n_eval"), int) and ev.get("enabled"):
+        if ev["n_tasks"] > tasks["n_eval"]:
+            check.error("eval.n_tasks", f"must be <= tasks.n_eval ({tasks['n_eval']}), got {ev['n_tasks']}")
+
+
+STAGE_KEYS = frozenset(RL_STAGE_DEFAULTS)

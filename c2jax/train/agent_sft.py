@@ -1,0 +1,203 @@
+"""Cold start for RL: ``agent_sft`` stage, supervised training on scripted agent demonstrations.
+
+    config.stages = ["cpt", "agent_sft", "rl"]
+    config.agent_sft = dict(steps=300, batch_size=8, seq_len=1024, peak_lr=3e-3, warmup_steps=20,
+                            max_demos=256, extra_steps=0)
+
+The demonstrations are real harness episodes: `c2jax.agent.policies.ScriptedPolicy` plays a scripted
+expert (read the module named in the task, fix the line with the edit tool, run the reproducer,
+finish; `c2jax.envs.synth.toyfix.demo_messages`) in a real sandbox on the *demo* slice of the task
+family, which is disjoint from the RL tasks and from the held-out tasks. Each episode's exact token
+ids (system prompt, tool declarations, tool outputs) become one `Trajectory`; `pad_batch` packs them
+and the loss is next-token cross entropy on policy tokens only (``loss_mask``), through the same
+`c2jax.train.step.make_train_step` the pretraining stages use. Demonstrations are cached beside the
+task family, keyed by the tokenizer and harness settings.
+
+``extra_steps`` (the ``sft_matched`` ablation) continues SFT on demonstrations of the RL *train*
+tasks instead of running RL, to show the RL stage's lift is not just more supervised training.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from c2jax.config import Checker, ConfigError, register_validator
+from c2jax.train.stages import STAGES
+
+log = logging.getLogger(__name__)
+
+AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
+    steps=300, batch_size=8, seq_len=1024, peak_lr=3e-3, warmup_steps=20, min_lr_ratio=0.1,
+    weight_decay=0.0, clip_norm=1.0, max_demos=256, split="demo", log_every=10,
+)
+
+
+def _plain(x: Any) -> dict:
+    return dict(x.to_dict() if hasattr(x, "to_dict") else (x or {}))
+
+
+def resolve(section: Any) -> dict:
+    out = dict(AGENT_SFT_DEFAULTS)
+    out.update(_plain(section))
+    return out
+
+
+@register_validator("agent_sft")
+def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
+    d = _plain(section)
+    for k in d:
+        if k not in AGENT_SFT_DEFAULTS:
+            check.error(k, f"unknown option; known: {sorted(AGENT_SFT_DEFAULTS)}")
+    c = resolve(d)
+    for k in ("steps", "batch_size", "seq_len", "max_demos", "log_every"):
+        check.int_range(c, k, 1)
+    check.int_range(c, "warmup_steps", 0)
+    check.float_range(c, "peak_lr", 0.0, lo_open=True)
+    check.float_range(c, "min_lr_ratio", 0.0, 1.0)
+    check.float_range(c, "weight_decay", 0.0)
+    check.float_range(c, "clip_norm", 0.0, lo_open=True)
+    check.choice(c, "split", ("demo", "train"))
+
+
+def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_demos: int,
+                      max_in_flight: int = 4) -> list:
+    """Scripted expert episodes on `split` tasks (cached JSONL beside the family)."""
+    from c2jax.agent.policies import ScriptedPolicy
+    from c2jax.envs.synth.toyfix import demo_messages
+    from c2jax.train.rl_family import load_split, make_harness
+    from c2jax.trajectory import load_jsonl, save_jsonl
+
+    harness, fmt = make_harness(config, tokenizer)
+    key = hashlib.sha256(json.dumps({"tok": tokenizer.fingerprint(), "agent": _plain(config.get("agent")),
+                                     "split": split, "n": max_demos}, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    path = os.path.join(fam["dir"], "demos", f"{split}-{key}.jsonl")
+    if os.path.exists(path):
+        return load_jsonl(path)
+    tasks = load_split(fam, split)[:max_demos]
+
+    async def one(task, sem):
+        from c2jax.envs import start
+
+        async with sem:
+            policy = ScriptedPolicy(fmt, demo_messages(task))
+            sb = await asyncio.to_thread(start, task.env_id, **dict(task.limits))
+            try:
+                ep = await harness.arun(policy, sb, task.problem_statement, task_id=task.instance_id,
+                                        group_id=task.instance_id, sample_id=f"{task.instance_id}#demo")
+            finally:
+                await asyncio.to_thread(sb.close)
+            return ep
+
+    async def run_all():
+        sem = asyncio.Semaphore(max_in_flight)
+        return await asyncio.gather(*(one(t, sem) for t in tasks))
+
+    eps = asyncio.run(run_all())
+    trajs = [e.trajectory for e in eps if not e.trajectory.infra_failed and e.diff]
+    if len(trajs) < len(eps):
+        log.warning("agent_sft: %d of %d demonstrations failed and were dropped", len(eps) - len(trajs), len(eps))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save_jsonl(trajs, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return trajs
+
+
+def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_dir: str, steps: int) -> tuple[Any, dict]:
+    """Cross entropy on policy tokens of packed demonstrations, `steps` Adam steps."""
+    from c2jax.model.params_spec import trainable_mask
+    from c2jax.train import optim
+    from c2jax.train.metrics import MetricsLogger, Progress
+    from c2jax.train.pretrain import model_apply_fn
+    from c2jax.train.state import TrainState
+    from c2jax.train.step import make_train_step
+    from c2jax.trajectory import pad_batch
+
+    S, B = int(c["seq_len"]), int(c["batch_size"])
+    packed = pad_batch(trajs, S)
+    keys = ("tokens", "targets", "loss_mask", "segment_ids", "positions")
+    rows = {k: packed[k] for k in keys}
+    R = rows["tokens"].shape[0]
+    sched = optim.make_schedule({"name": "cosine", "peak_lr": float(c["peak_lr"]), "warmup_steps": int(c["warmup_steps"]),
+                                 "min_lr_ratio": float(c["min_lr_ratio"]), "init_lr_ratio": 0.0}, steps)
+    tx = optim.make_optimizer({"name": "adamw", "b1": 0.9, "b2": 0.95, "eps": 1e-8,
+                               "weight_decay": float(c["weight_decay"]), "clip_norm": float(c["clip_norm"])},
+                              sched, params, trainable=trainable_mask(cfg))
+    state = TrainState.create(params, tx)
+    step_fn = jax.jit(make_train_step(model_apply_fn(cfg.replace(mtp_depth=0) if cfg.mtp_depth else cfg),
+                                      {"xent": 1.0}, schedule=sched))
+    rng = np.random.default_rng(seed)
+    logger = MetricsLogger(out_dir)
+    bar = Progress(steps, desc="agent_sft")
+    order = rng.permutation(R)
+    pos, t0, loss = 0, time.time(), float("nan")
+    for step in range(steps):
+        if pos + B > R:
+            order, pos = rng.permutation(R), 0
+        idx = order[pos: pos + B] if R >= B else rng.integers(0, R, B)
+        pos += B
+        batch = {k: v[idx] for k, v in rows.items()}
+        state, m = step_fn(state, batch)
+        if (step + 1) % int(c["log_every"]) == 0 or step + 1 == steps:
+            m = jax.device_get(m)
+            loss = float(m["loss"])
+            logger.log("train", step + 1, {"loss": loss, "lr": float(m.get("lr", 0.0))})
+            bar.update(int(c["log_every"]) if (step + 1) % int(c["log_every"]) == 0 else 0, loss=loss)
+    bar.close()
+    logger.close()
+    return state.params, {"steps": steps, "rows": int(R), "demos": len(trajs), "train_loss_final": loss,
+                          "policy_tokens": float(packed["loss_mask"].sum()), "wall_time_s": time.time() - t0}
+
+
+def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
+    from c2jax.serve.checkpoint import save_serving_checkpoint
+    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.train.pretrain import base_model_config, load_data
+    from c2jax.train.rl_family import ensure_family
+
+    c = resolve(config.get("agent_sft"))
+    out_dir = os.path.join(workdir, "agent_sft")
+    os.makedirs(out_dir, exist_ok=True)
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=1, async_save=False)
+    done = os.path.join(out_dir, "summary.json")
+    tokenizer = load_data(config, workdir).tokenizer()
+    cfg = base_model_config(config)
+    if os.path.exists(done) and ckpt.all_steps():  # finished earlier: reuse
+        with open(done) as f:
+            summary = json.load(f)
+        ckpt.close()
+        return dict(prev, checkpoint_dir=os.path.join(out_dir, "checkpoints"), tokenizer=tokenizer), summary
+    if not prev.get("checkpoint_dir"):
+        raise ConfigError([("stages", "agent_sft needs a previous stage (e.g. cpt) that leaves a checkpoint")])
+    got = Checkpointer(prev["checkpoint_dir"]).restore_params()
+    if got is None:
+        raise ConfigError([("agent_sft", f"no usable checkpoint in {prev['checkpoint_dir']}")])
+    params = jax.tree_util.tree_map(np.asarray, got[1])
+    t0 = time.time()
+    fam = ensure_family(config)
+    trajs = demo_trajectories(config, fam, tokenizer, c["split"], int(c["max_demos"]))
+    if not trajs:
+        raise ConfigError([("agent_sft", "no demonstration succeeded (see the log)")])
+    build_s = time.time() - t0
+    params, summary = train_on_demos(params, cfg, trajs, c, int(config.get("seed", 0)), out_dir, int(c["steps"]))
+    summary["demo_build_s"] = build_s
+    ckpt.save(int(c["steps"]), {"params": params})
+    ckpt.close()
+    save_serving_checkpoint(os.path.join(out_dir, "policy"), params, cfg, tokenizer)
+    with open(done + ".tmp", "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+    os.replace(done + ".tmp", done)
+    return dict(prev, checkpoint_dir=os.path.join(out_dir, "checkpoints"), tokenizer=tokenizer), summary
+
+
+@STAGES.register("agent_sft")
+def agent_sft_stage(config: Any, workdir: str, state: dict) -> tuple[dict, dict]:
+    """Cold-start SFT on scripted harness demonstrations (see c2jax.train.agent_sft)."""
+    return run_agent_sft(config, workdir, state)

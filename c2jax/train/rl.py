@@ -1,0 +1,249 @@
+"""The ``rl`` stage: Composer 2's RL phase end to end, synchronous and staleness-ready.
+
+    python experiments/run.py --config experiments/configs/rl_quickstart.py --workdir runs/rl
+
+Per step (`c2jax.train.rl_step.rl_step`): the next ``tasks_per_step`` tasks of a single-epoch stream
+(`rl_tasks.TaskStream`, hard-task upsampling after ``curriculum.upsample_after_step``), ``group_size``
+graded rollouts each through the real harness, engine policy and sandbox pool, rewards from named
+terms, `pad_batch`, the learner forward with router replay, ``make_rl_loss``, full-parameter Adam,
+and ``update_weights`` to the engine (version + 1; later tokens carry it).
+
+Around the steps: the frozen reference policy is the stage's initial (SFT) weights; held-out
+evaluation of the initial and of the final policy (pass@1 / pass@k, bootstrap CIs, paired bootstrap
+of the difference, resampling tasks) through `c2jax.bench.agent_eval` with the same settings both
+times, each policy also saved as a serving checkpoint so ``python -m c2jax.bench run ... --checkpoint``
+reproduces the numbers (the command is written to the summary). Step checkpoints (params, Adam
+state, task stream, versions, the engine's weights) make a killed run resume where it stopped; the
+sampling seeds depend on (seed, step, task, sample, turn) only.
+
+Outputs under ``workdir/rl/``: ``train.jsonl`` + ``tb/`` (every metric each step), ``checkpoints/``,
+``policy_init/`` and ``policy_final/`` (serving checkpoints), ``eval_before/`` and ``eval_after/``
+(per-task rows + results), ``rl_curve.png``, ``report.md``, ``summary.json``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from c2jax.config import ConfigError
+from c2jax.train.stages import STAGES
+
+log = logging.getLogger(__name__)
+
+
+def _plain(x: Any) -> Any:
+    return x.to_dict() if hasattr(x, "to_dict") else x
+
+
+def resolved_rl(config: Any) -> dict:
+    from c2jax.rl.loss import resolve_rl_config
+    from c2jax.rl.stage_config import resolve_stage
+
+    raw = _plain(config.get("rl")) or {}
+    out = resolve_rl_config({k: v for k, v in raw.items() if k not in resolve_stage({})})
+    out.update(resolve_stage(raw))
+    return out
+
+
+def initial_params(config: Any, rl: dict, prev: dict, cfg: Any):
+    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.train.pretrain import init_params
+
+    src = rl["init_from"]
+    if src == "previous":
+        if not prev.get("checkpoint_dir"):
+            raise ConfigError([("rl.init_from", "'previous' needs an earlier stage that leaves a checkpoint "
+                                "(e.g. stages=['cpt', 'agent_sft', 'rl'])")])
+        got = Checkpointer(prev["checkpoint_dir"]).restore_params()
+        if got is None:
+            raise ConfigError([("rl.init_from", f"no usable checkpoint in {prev['checkpoint_dir']}")])
+        return jax.tree_util.tree_map(np.asarray, got[1])
+    return jax.tree_util.tree_map(np.asarray, init_params(src, cfg, int(config.get("seed", 0))))
+
+
+def eval_command(config_path: str, suite_dir: str, ckpt: str, rl: dict, seed: int, out: str) -> str:
+    ev = rl["eval"]
+    return (f"python -m c2jax.bench run --suite toyfix --suite-dir {suite_dir} --split eval --policy engine "
+            f"--checkpoint {ckpt} --k {ev['k']} --temperature {ev['temperature']} --seed {seed} "
+            f"--max-in-flight {ev['max_in_flight']} --limit {ev['n_tasks']} --agent-config {config_path} --out {out}")
+
+
+def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks: list, out_dir: str,
+             seed: int) -> dict:
+    """Held-out pass@k of `params` through the harness (cached in out_dir/rows.jsonl)."""
+    from c2jax.agent.policies import EnginePolicy
+    from c2jax.bench.agent_eval import evaluate_agent, summarize_agent
+    from c2jax.sampling import Engine, EngineConfig
+    from c2jax.train.rl_family import make_harness
+
+    rows_path = os.path.join(out_dir, "rows.json")
+    ev = rl["eval"]
+    if os.path.exists(rows_path):
+        with open(rows_path) as f:
+            rows = json.load(f)
+    else:
+        os.makedirs(out_dir, exist_ok=True)
+        engine = Engine(params, cfg, EngineConfig(max_slots=int(ev["max_in_flight"]), max_len=int(rl["max_len"])),
+                        tokenizer=tokenizer)
+        try:
+            harness, fmt = make_harness(config, tokenizer)
+            policy = EnginePolicy(engine, fmt, temperature=float(ev["temperature"]), seed=seed)
+            rows = evaluate_agent(tasks, harness, policy, k=int(ev["k"]), max_in_flight=int(ev["max_in_flight"]))
+        finally:
+            engine.shutdown()
+        with open(rows_path + ".tmp", "w") as f:
+            json.dump(rows, f, default=str)
+        os.replace(rows_path + ".tmp", rows_path)
+    res = summarize_agent(rows, ks=(1, int(ev["k"])), seed=seed)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(res, f, indent=2, default=str)
+    return {"rows": rows, "results": res}
+
+
+def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
+    from c2jax.agent.policies import EnginePolicy
+    from c2jax.envs import SandboxPool
+    from c2jax.sampling import Engine, EngineConfig
+    from c2jax.serve.checkpoint import save_serving_checkpoint
+    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.train.metrics import MetricsLogger, Progress
+    from c2jax.train.pretrain import base_model_config, load_data
+    from c2jax.train.rl_family import ensure_family, load_split, make_harness
+    from c2jax.train.rl_learner import make_learner
+    from c2jax.train.rl_report import write_report
+    from c2jax.train.rl_step import RLContext, rl_step
+    from c2jax.train.rl_tasks import TaskStream
+    from c2jax.train.state import TrainState
+
+    rl = resolved_rl(config)
+    seed = int(config.get("seed", 0))
+    out_dir = os.path.join(workdir, "rl")
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer = prev.get("tokenizer") or load_data(config, workdir).tokenizer()
+    cfg = base_model_config(config)
+    if int(rl["max_len"]) > cfg.max_position_embeddings:
+        raise ConfigError([("rl.max_len", f"{rl['max_len']} > model.max_position_embeddings "
+                            f"({cfg.max_position_embeddings})")])
+    t_stage = time.time()
+    fam = ensure_family(config)
+    train_tasks, eval_tasks = load_split(fam, "train"), load_split(fam, "eval")[: int(rl["eval"]["n_tasks"])]
+    params0 = initial_params(config, rl, prev, cfg)
+    cfg_path = str(config.get("config_path", "experiments/configs/rl_quickstart.py"))
+    timings: dict[str, float] = {}
+
+    # Held-out evaluation of the initial (SFT) policy.
+    before = None
+    if rl["eval"]["enabled"]:
+        save_serving_checkpoint(os.path.join(out_dir, "policy_init"), params0, cfg, tokenizer)
+        t0 = time.time()
+        before = evaluate(params0, cfg, tokenizer, config, rl, eval_tasks, os.path.join(out_dir, "eval_before"), seed)
+        timings["eval_before_s"] = time.time() - t0
+
+    learner = make_learner(cfg, rl, params0)
+    state = TrainState.create(jax.tree_util.tree_map(jax.numpy.asarray, params0), learner.tx)
+    stream = TaskStream(train_tasks, seed=seed, upsample_after_step=int(rl["curriculum"]["upsample_after_step"]),
+                        weights=dict(rl["curriculum"]["weights"]), pool=int(rl["curriculum"]["pool"]))
+    version = engine_version = 0
+    engine_params = state.params
+    ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=int(rl["keep_checkpoints"]), async_save=False)
+    start = 0
+    tree = {"train": state.to_tree(), "engine_params": engine_params}
+    got = ckpt.restore_latest(tree)
+    if got is not None:
+        start, tree, loader_state, _ = got
+        state = state.replace_tree(tree["train"])
+        engine_params = tree["engine_params"]
+        stream.load_state(loader_state["stream"])
+        version, engine_version = int(loader_state["version"]), int(loader_state["engine_version"])
+        log.info("rl: resumed at step %d (version %d, engine version %d)", start, version, engine_version)
+    engine = Engine(engine_params, cfg, EngineConfig(max_slots=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
+                                                     recompute_cache_on_update=True), tokenizer=tokenizer,
+                    version=engine_version)
+    harness, fmt = make_harness(config, tokenizer)
+    policy = EnginePolicy(engine, fmt, temperature=float(rl["temperature"]), top_p=float(rl["top_p"]), seed=seed)
+    pool = SandboxPool(max_concurrency=int(rl["max_in_flight"]))
+    ref = jax.tree_util.tree_map(jax.numpy.asarray, params0) if rl["reference"] == "init" else None
+    ctx = RLContext(rl=rl, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
+                    ref_params=ref, seed=seed)
+    logger = MetricsLogger(out_dir)
+    steps = int(rl["steps"])
+    bar = Progress(steps, initial=start, desc="rl")
+    t_rl = time.time()
+    try:
+        for step in range(start, steps):
+            tasks = stream.take(int(rl["tasks_per_step"]), step)
+            out = rl_step(ctx, state, tasks, step=step, version=version, engine_version=engine_version)
+            state, version, engine_version = out.state, out.version, out.engine_version
+            if engine_version == version:
+                engine_params = state.params
+            for t in tasks:
+                mine = [s.trajectory for s in out.samples if s.task.instance_id == t.instance_id and not s.mask_reason]
+                if mine:
+                    stream.observe(t.instance_id, turns=float(np.mean([x.effort.turns for x in mine])),
+                                   thinking_tokens=float(np.mean([x.effort.thinking_tokens for x in mine])))
+            m = dict(out.metrics, tasks_seen=float(len(stream.used)))
+            logger.log("train", step + 1, m)
+            bar.update(1, reward=m.get("reward/total", float("nan")), pass_rate=m.get("pass_rate", float("nan")))
+            if (step + 1) % int(rl["ckpt_every"]) == 0 or step + 1 == steps:
+                ckpt.save(step + 1, {"train": state.to_tree(), "engine_params": engine_params},
+                          loader_state={"stream": stream.state(), "version": version, "engine_version": engine_version},
+                          meta={"seed": seed})
+    finally:
+        bar.close()
+        logger.close()
+        ckpt.close()
+        engine.shutdown()
+        pool.close()
+    timings["rl_s"] = time.time() - t_rl
+    final = jax.tree_util.tree_map(np.asarray, state.params)
+    summary: dict[str, Any] = {"steps": steps, "tasks_per_step": int(rl["tasks_per_step"]),
+                               "group_size": int(rl["group_size"]), "rollouts": steps * int(rl["tasks_per_step"]) * int(rl["group_size"]),
+                               "final_version": version, "family_dir": fam["dir"]}
+    if rl["eval"]["enabled"]:
+        save_serving_checkpoint(os.path.join(out_dir, "policy_final"), final, cfg, tokenizer)
+        t0 = time.time()
+        after = evaluate(final, cfg, tokenizer, config, rl, eval_tasks, os.path.join(out_dir, "eval_after"), seed)
+        timings["eval_after_s"] = time.time() - t0
+        summary.update(eval_summary(before, after, rl, seed))
+        summary["eval_command"] = eval_command(cfg_path, fam["dir"], "CHECKPOINT", rl, seed, "OUT")
+        summary["eval_checkpoints"] = {"before": os.path.join(out_dir, "policy_init"),
+                                       "after": os.path.join(out_dir, "policy_final")}
+    summary["time"] = timings
+    summary["stage_wall_time_s"] = time.time() - t_stage
+    write_report(out_dir, summary, os.path.join(out_dir, "train.jsonl"))
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True, default=str)
+    return dict(prev, checkpoint_dir=os.path.join(out_dir, "checkpoints")), summary
+
+
+def eval_summary(before: dict, after: dict, rl: dict, seed: int) -> dict:
+    """pass@1 / pass@k before and after with CIs, and the paired (task-resampled) differences."""
+    from c2jax.bench.metrics import paired_bootstrap_diff
+
+    k = int(rl["eval"]["k"])
+    out: dict[str, Any] = {}
+    for tag, ev in (("before", before), ("after", after)):
+        res = ev["results"]
+        for kk in (1, k):
+            p = res[f"pass@{kk}"]
+            out[f"pass_at_{kk}_{tag}"] = p["mean"] if isinstance(p, dict) else p
+            if isinstance(p, dict) and "lo" in p:
+                out[f"pass_at_{kk}_{tag}_ci"] = {"lo": p["lo"], "hi": p["hi"]}
+        out[f"masked_rate_{tag}"] = res.get("masked_rate")
+    for kk in (1, k):
+        d = paired_bootstrap_diff(before["rows"], after["rows"], kk, seed=seed)
+        out[f"pass_at_{kk}_diff_ci"] = {"lo": d["lo"], "hi": d["hi"]}
+        out[f"pass_at_{kk}_diff"] = d["mean"]
+    return out
+
+
+@STAGES.register("rl")
+def rl_stage(config: Any, workdir: str, state: dict) -> tuple[dict, dict]:
+    """RL on the task family through the real harness (see c2jax.train.rl)."""
+    return run_rl(config, workdir, state)

@@ -1,0 +1,67 @@
+"""The RL stage's task family and harness, shared by the cold-start SFT stage, the RL stage and the
+evaluation (one place decides where the family is built and how the agent is configured).
+
+    fam = ensure_family(config)            # builds (or finds) the toyfix suite: {"train", "eval", "demo", "dir"}
+    harness, fmt = make_harness(config, tokenizer)
+
+The family is content-addressed by its build arguments under ``config.build.dir`` (default
+``runs/cache``) so every run and seed on the machine reuses it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+
+def _plain(x: Any) -> Any:
+    return x.to_dict() if hasattr(x, "to_dict") else x
+
+
+def cache_root(config: Any) -> str:
+    build = _plain(config.get("build")) if hasattr(config, "get") else None
+    root = (build or {}).get("dir") or os.environ.get("C2JAX_RUN_CACHE") or os.path.join("runs", "cache")
+    return os.path.abspath(root)
+
+
+def family_args(config: Any) -> dict:
+    from c2jax.rl.stage_config import resolve_stage
+
+    t = resolve_stage(_plain(config.get("rl")) or {})["tasks"]
+    return {k: t[k] for k in ("difficulty", "n_train", "n_eval", "n_demo", "seed")}
+
+
+def family_dir(config: Any) -> str:
+    args = family_args(config)
+    h = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:12]
+    return os.path.join(cache_root(config), "tasks", f"toyfix-d{args['difficulty']}-{h}")
+
+
+def ensure_family(config: Any) -> dict:
+    """Build (or find) the toyfix suite for this config; returns its paths and counts."""
+    from c2jax.envs.synth.toyfix import build_toyfix
+
+    args = family_args(config)
+    out = family_dir(config)
+    info = dict(build_toyfix(out, n_train=args["n_train"], n_eval=args["n_eval"], n_demo=args["n_demo"],
+                             difficulty=args["difficulty"], seed=args["seed"], workers=2))
+    info["dir"] = out
+    return info
+
+
+def load_split(info: dict, split: str) -> list:
+    from c2jax.envs.tasks import load_tasks
+
+    path = info.get(split) or os.path.join(info["dir"], f"{split}.jsonl")
+    return load_tasks(path)
+
+
+def make_harness(config: Any, tokenizer: Any):
+    """(Harness, ChatFormat) from ``config.agent`` (tool subset, budgets, context for tiny models)."""
+    from c2jax.agent.config import harness_config_from
+    from c2jax.agent.harness import Harness
+    from c2jax.data.chat_format import ChatFormat
+
+    fmt = ChatFormat(tokenizer)
+    return Harness(fmt, harness_config_from(config.get("agent") or {})), fmt

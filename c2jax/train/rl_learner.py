@@ -1,0 +1,141 @@
+"""The RL learner: log-probabilities with router replay, the composed RL loss, one Adam update.
+
+    fns = make_learner(model_cfg, rl_cfg)            # rl_cfg: the resolved ``rl`` section
+    logp, aux = fns.logp(params, batch, replay=True) # [B, L] f32 logprobs of batch['targets']
+    state, metrics = fns.update(state, batch, logp_ref, version)
+
+`batch` is `c2jax.trajectory.pad_batch`'s dict (numpy or jnp arrays). The forward uses the
+learner's MoE implementation (``rl.learner_moe_impl``, dropless: the learner never drops a token)
+and, with ``rl.router_replay``, the routes the sampler recorded (``batch['routes']``); the
+plausibility filter ``rl.replay_margin`` goes into the model config's ``moe.replay_margin``.
+`update` is `jax.jit`-compiled once per padded batch shape; its loss is exactly
+`c2jax.rl.loss.make_rl_loss(rl_cfg)` on those logprobs, its optimizer full-parameter Adam(W) from
+`c2jax.train.optim.make_optimizer` (router correction biases frozen, as in pretraining).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from c2jax.rl.loss import make_rl_loss, token_logprobs
+from c2jax.train.state import TrainState
+
+# pad_batch keys the learner does not need on device (dropped before jit).
+_HOST_ONLY = ("num_segments",)
+
+
+def learner_model_config(cfg: Any, rl: Mapping[str, Any]) -> Any:
+    """The model config the learner runs: dropless MoE impl, replay margin, no MTP forward."""
+    return cfg.replace(**{"moe.impl": rl["learner_moe_impl"], "moe.replay_margin": rl["replay_margin"],
+                          "mtp_depth": 0})
+
+
+def device_batch(batch: Mapping[str, Any]) -> dict:
+    """The jit inputs of a pad_batch dict (nested dicts kept, host-only keys dropped)."""
+    return {k: v for k, v in batch.items() if k not in _HOST_ONLY}
+
+
+@dataclasses.dataclass
+class Learner:
+    logp: Callable[..., tuple[jax.Array, dict]]
+    update: Callable[..., tuple[TrainState, dict]]
+    loss_fn: Callable[..., tuple[jax.Array, dict]]
+    cfg: Any
+    tx: optax.GradientTransformation
+
+
+def make_optimizer_for(params: Any, cfg: Any, rl: Mapping[str, Any]) -> optax.GradientTransformation:
+    from c2jax.model.params_spec import trainable_mask
+    from c2jax.train import optim
+
+    sched = optim.make_schedule({"name": "constant", "peak_lr": float(rl["learning_rate"]),
+                                 "warmup_steps": int(rl["warmup_steps"])}, int(rl["steps"]))
+    opt = dict(rl["optimizer"], name="adamw")
+    return optim.make_optimizer(opt, sched, params, trainable=trainable_mask(cfg))
+
+
+def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
+    """Build the learner's jitted functions for the resolved ``rl`` section `rl`."""
+    from c2jax.model.transformer import apply
+
+    cfg = learner_model_config(model_cfg, rl)
+    temperature = float(rl["temperature"])
+    loss_fn = make_rl_loss(rl)
+    replay_default = bool(rl["router_replay"])
+    tx = make_optimizer_for(params, cfg, rl)
+
+    def forward(params, batch, replay: bool):
+        routes = batch.get("routes") if replay else None
+        out = apply(params, batch["tokens"], cfg, segment_ids=batch["segment_ids"], positions=batch["positions"],
+                    routes=routes)
+        logp = token_logprobs(out["logits"], batch["targets"], temperature)  # [B, L]
+        return logp, out
+
+    @jax.jit
+    def _logp_replay(params, batch):
+        logp, out = forward(params, batch, True)
+        return logp, {"routes": out["routes"], "replaced_fraction": out["replaced_fraction"]}
+
+    @jax.jit
+    def _logp_free(params, batch):
+        logp, out = forward(params, batch, False)
+        return logp, {"routes": out["routes"], "replaced_fraction": out["replaced_fraction"]}
+
+    def logp(params, batch, replay: bool | None = None):
+        replay = replay_default if replay is None else replay
+        batch = device_batch(batch)
+        if replay and "routes" not in batch:
+            raise ValueError("router replay needs batch['routes'] (the sampler's routes); pad_batch adds them "
+                             "only when every trajectory recorded routes")
+        return (_logp_replay if replay else _logp_free)(params, batch)
+
+    def objective(params, batch, logp_ref, version):
+        lp, _ = forward(params, batch, replay_default)
+        return loss_fn(lp, batch, logp_ref=logp_ref, current_version=version)
+
+    grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+    @jax.jit
+    def _update(state: TrainState, batch, logp_ref, version):
+        (loss, metrics), grads = grad_fn(state.params, batch, logp_ref, version)
+        updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = dict(metrics)
+        metrics["loss"] = loss
+        metrics["grad_norm"] = optax.global_norm(grads)
+        metrics["update_norm"] = optax.global_norm(updates)
+        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    def update(state: TrainState, batch, logp_ref=None, version: int = 0):
+        b = device_batch(batch)
+        ref = None if logp_ref is None else jnp.asarray(logp_ref)
+        return _update(state, b, ref, jnp.asarray(version, jnp.int32))
+
+    return Learner(logp=logp, update=update, loss_fn=loss_fn, cfg=cfg, tx=tx)
+
+
+def mismatch_stats(logp: np.ndarray, sampler_logp: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """|log pi_learner - log pi_sampler| over policy tokens: mean and p99."""
+    m = np.asarray(mask) > 0
+    d = np.abs(np.asarray(logp, np.float64) - np.asarray(sampler_logp, np.float64))[m]
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        return {"mean": 0.0, "p99": 0.0}
+    return {"mean": float(d.mean()), "p99": float(np.quantile(d, 0.99))}
+
+
+def route_flip_rate(learner_routes: np.ndarray, sampler_routes: np.ndarray, mask: np.ndarray) -> float:
+    """Share of (token, MoE layer) pairs where the learner's own top-k expert SET differs from the
+    sampler's, over positions with a real input token ([B, L, nL, K] each; mask [B, L])."""
+    a = np.sort(np.asarray(learner_routes), -1)
+    b = np.sort(np.asarray(sampler_routes), -1)
+    m = np.asarray(mask) > 0
+    if not m.any() or a.shape[2] == 0:
+        return 0.0
+    differ = (a != b).any(-1)  # [B, L, nL]
+    return float(differ[m].mean())

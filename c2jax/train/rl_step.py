@@ -1,0 +1,148 @@
+"""One synchronous RL step, as a function the asynchronous services reuse (not fork):
+
+    out = rl_step(ctx, state, tasks, step=s, version=v, engine_version=e)
+    out.state, out.version, out.engine_version, out.metrics, out.samples
+
+1. rollouts: ``group_size`` graded episodes per task (harness + engine policy + sandbox pool,
+   `c2jax.train.rl_rollouts`), sampling seeds derived from (seed, step, task, sample, turn);
+2. `pad_batch` (groups intact; masked samples stay in the batch with ``infra_failed`` so they
+   count and contribute nothing);
+3. reference logprobs (frozen initial policy) and diagnostics: learner vs sampler logprob mismatch
+   with and without router replay, route-flip rate;
+4. the learner update (`c2jax.train.rl_learner`): ``make_rl_loss`` + full-parameter Adam;
+5. weight publish: ``engine.update_weights(params, version + 1)`` whenever the engine would
+   otherwise lag the learner by more than ``rl.max_staleness`` versions at the next update
+   (0 = every step: fully on-policy). Samples are checked against the bound and the staleness
+   histogram is reported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from c2jax.train.rl_learner import Learner, mismatch_stats, route_flip_rate
+from c2jax.train.rl_rollouts import Sample, collect, sample_stats
+from c2jax.train.state import TrainState
+from c2jax.trajectory import pad_batch
+
+
+@dataclasses.dataclass
+class RLContext:
+    """What a step needs besides the train state (built once by the stage)."""
+
+    rl: dict  # resolved ``rl`` section (loss + stage keys)
+    learner: Learner
+    engine: Any  # c2jax.sampling.Engine
+    policy: Any  # c2jax.agent.policies.EnginePolicy
+    harness: Any  # c2jax.agent.harness.Harness
+    pool: Any = None  # c2jax.envs.SandboxPool or None
+    ref_params: Any = None  # frozen reference policy (None: no KL metrics/term)
+    seed: int = 0
+    grade_fn: Any = None
+    reward_names: tuple = ("task", "reward", "resolved", "f2p_fraction", "p2p_regressions")
+
+
+@dataclasses.dataclass
+class StepOutput:
+    state: TrainState
+    version: int
+    engine_version: int
+    metrics: dict
+    samples: list
+
+
+def _rows_bucket(n: int) -> int:
+    """Learner rows padded to a multiple of 4 (few distinct jit shapes)."""
+    return max(4, -(-n // 4) * 4)
+
+
+def publish(ctx: RLContext, params: Any, version: int) -> float:
+    t0 = time.monotonic()
+    ctx.engine.update_weights(params, version)
+    return time.monotonic() - t0
+
+
+def _staleness_hist(batch: dict, version: int) -> dict[str, float]:
+    m = batch["loss_mask"] > 0
+    lag = (version - batch["versions"])[m]
+    vals, counts = np.unique(lag, return_counts=True)
+    return {f"staleness/hist/{int(v)}": float(c) for v, c in zip(vals, counts)}
+
+
+def rl_step(ctx: RLContext, state: TrainState, tasks: Sequence[Any], *, step: int, version: int,
+            engine_version: int) -> StepOutput:
+    rl = ctx.rl
+    G = int(rl["group_size"])
+    t_step = time.monotonic()
+    ctx.policy.seed = ctx.seed
+    ctx.policy.seed_salt = step
+    t0 = time.monotonic()
+    samples: list[Sample] = collect(ctx.harness, ctx.policy, tasks, group_size=G, pool=ctx.pool,
+                                    max_in_flight=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
+                                    grade_fn=ctx.grade_fn)
+    rollout_s = time.monotonic() - t0
+    metrics: dict[str, float] = sample_stats(samples)
+    # Staleness bound: a token sampled by a version older than allowed is dropped with a reason.
+    for s in samples:
+        if s.mask_reason:
+            continue
+        vs = [int(v) for seg in s.trajectory.segments for v, m in zip(seg.policy_versions, seg.loss_mask) if m]
+        if vs and version - min(vs) > int(rl["max_staleness"]):
+            s.mask_reason = "stale"
+            s.trajectory.infra_failed = True
+            metrics["masked/stale"] = metrics.get("masked/stale", 0.0) + 1.0
+    trajs = [s.trajectory for s in samples]
+    n = len(trajs)
+    # Rows needed (first-fit packing) depend on lengths: pad to a bucket so jit sees few shapes.
+    probe = pad_batch(trajs, int(rl["max_len"]), reward_names=ctx.reward_names)
+    batch = pad_batch(trajs, int(rl["max_len"]), num_rows=_rows_bucket(probe["tokens"].shape[0]),
+                      max_trajectories=n, reward_names=ctx.reward_names)
+    t0 = time.monotonic()
+    mask = batch["loss_mask"] * (batch["traj_index"] >= 0)
+    live_mask = mask * np.where(batch["traj_index"] >= 0,
+                                1.0 - batch["infra_failed"][np.clip(batch["traj_index"], 0, None)], 0.0)
+    diag: dict[str, float] = {}
+    logp_ref = None
+    has_routes = "routes" in batch
+    if has_routes or not rl["router_replay"]:
+        lp_replay, aux_main = ctx.learner.logp(state.params, batch, replay=bool(rl["router_replay"]) and has_routes)
+        lp_replay = np.asarray(lp_replay)
+        sampler = batch.get("raw_logp", batch["behaviour_logp"])
+        mm = mismatch_stats(lp_replay, sampler, live_mask)
+        key = "with_replay" if rl["router_replay"] else "no_replay"
+        diag[f"mismatch/{key}/mean"], diag[f"mismatch/{key}/p99"] = mm["mean"], mm["p99"]
+        if rl["replay_metrics"] and has_routes:
+            lp_free, aux = ctx.learner.logp(state.params, batch, replay=not rl["router_replay"])
+            mm = mismatch_stats(np.asarray(lp_free), sampler, live_mask)
+            key2 = "no_replay" if rl["router_replay"] else "with_replay"
+            diag[f"mismatch/{key2}/mean"], diag[f"mismatch/{key2}/p99"] = mm["mean"], mm["p99"]
+            own = aux["routes"] if rl["router_replay"] else aux_main["routes"]  # the learner's own choice
+            seg_mask = (batch["segment_ids"] > 0).astype(np.float32)
+            diag["route_flip_rate"] = route_flip_rate(np.asarray(own), batch["routes"], seg_mask)
+    if ctx.ref_params is not None:
+        lr, _ = ctx.learner.logp(ctx.ref_params, batch, replay=bool(rl["router_replay"]) and has_routes)
+        logp_ref = np.asarray(lr)
+    diag_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    state, m = ctx.learner.update(state, batch, logp_ref, version)
+    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    learner_s = time.monotonic() - t0
+    version += 1
+    publish_s = 0.0
+    if version - engine_version > int(rl["max_staleness"]):
+        publish_s = publish(ctx, state.params, version)
+        engine_version = version
+    metrics.update(m)
+    metrics.update(diag)
+    metrics.update(_staleness_hist(batch, version - 1))
+    adv_keys = [k for k in m if k.startswith("adv/")]
+    metrics.update({k: m[k] for k in adv_keys})
+    metrics.update({"version": float(version), "engine_version": float(engine_version),
+                    "tokens/learner": float(mask.sum()), "learner/rows": float(batch["tokens"].shape[0]),
+                    "time/rollout_s": rollout_s, "time/diagnostics_s": diag_s, "time/learner_s": learner_s,
+                    "time/publish_s": publish_s, "time/step_s": time.monotonic() - t_step})
+    return StepOutput(state, version, engine_version, metrics, samples)
