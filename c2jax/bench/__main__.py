@@ -1,7 +1,7 @@
 """c2bench command line.
 
     python -m c2jax.bench prefetch [--cache DIR]                       # pinned sdists (registry)
-    python -m c2jax.bench build --suite c2bench-mini|c2bench --out DIR [--workers N] [--seed S]
+    python -m c2jax.bench build --suite c2bench-mini|c2bench|toyfix --out DIR [--workers N] [--seed S]
                                 [--from-checkpoints]          # resumes; or assembles what is done
     python -m c2jax.bench run --suite DIR|tasks.jsonl --policy oracle|null [--k K] [--split eval]
                               [--out DIR] [--predictions] [--fresh] [--no-materialize]
@@ -80,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         print(heldout.write(a.out))
         return 0
     if a.cmd == "build":
-        from c2jax.bench.suites import SUITES, build_suite, format_stats
+        from c2jax.bench.suites import GENERATED_SUITES, SUITES, build_suite, format_stats
 
-        if a.suite not in SUITES:
-            print(f"unknown suite {a.suite!r}; known: {sorted(SUITES)}", file=sys.stderr)
+        if a.suite not in SUITES and a.suite not in GENERATED_SUITES:
+            print(f"unknown suite {a.suite!r}; known: {sorted(SUITES) + sorted(GENERATED_SUITES)}", file=sys.stderr)
             return 2
         tasks, stats, report = build_suite(a.suite, a.out, workers=a.workers, seed=a.seed,
                                            pypi_cache=a.pypi_cache, codebases=a.codebases,
@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                                     f"run-{a.policy}")
         if not a.no_materialize:
             from c2jax.bench.materialize import format_report, materialize_envs, missing_envs
+            from c2jax.envs.synth.toyfix import materialize_envs as toyfix_envs
 
+            toyfix_envs(tasks)  # generated tasks: re-created from their records
             if missing_envs(tasks):
                 rep = materialize_envs(tasks, pypi_cache=a.pypi_cache)
                 print(format_report(rep), file=sys.stderr)
@@ -134,7 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         except (TaskFormatError, OSError) as e:
             print(str(e), file=sys.stderr)
             return 2
+        from c2jax.envs.synth.toyfix import materialize_envs as toyfix_envs
+
+        toy = toyfix_envs(tasks)
         rep = materialize_envs(tasks, pypi_cache=a.pypi_cache)
+        rep["recreated"] += toy["recreated"]
+        rep["failed"].update(toy["failed"])
         print(format_report(rep))
         return 1 if rep["failed"] else 0
     if a.cmd == "convert":

@@ -3,6 +3,9 @@
 c2bench-mini  2 codebases, 12 tasks, offline (standard-library modules + an installed package):
               the test-sized suite the default tests build and check with the oracle and null
               policies.
+toyfix        generated tiny repositories with one bug each (`c2jax.envs.synth.toyfix`): 128 train,
+              64 held-out eval, 256 demo (SFT) tasks at difficulty 1, for RL on tiny models
+              (`GENERATED_SUITES`: no codebases; demo.jsonl and leakage.json besides the files below).
 c2bench       the standard library (one codebase) + the built-in PyPI list (prefetched sdists):
               >= 200 validated tasks from >= 8 codebases; <= 25% from any one codebase; >= 30%
               feature deletions of >= 50 lines over >= 2 files; split by codebase into a training
@@ -63,6 +66,20 @@ SUITES: dict[str, SuiteSpec] = {
         stdlib_targets=Targets(bug=10, multi_bug=4, feature_deletion=9, max_attempts=80),
         max_codebase_share=0.25, min_deletion_share=0.30, eval_codebases=heldout.EVAL_PACKAGES,
         min_tasks=200, min_codebases=8),
+}
+
+
+def _toyfix_suite(out_dir: str, *, workers: int = 2, seed: int = 0, **_: Any):
+    from c2jax.envs.synth.toyfix import make_suite_tasks
+
+    return make_suite_tasks(out_dir, workers=workers, seed=seed)
+
+
+# Suites generated from scratch (no codebases): name -> builder(out_dir, workers=, seed=) returning
+# (tasks, stats, report) like `build_suite`. toyfix: tiny generated repositories with one bug
+# (c2jax.envs.synth.toyfix; train.jsonl / eval.jsonl / demo.jsonl), for RL on tiny models.
+GENERATED_SUITES: dict[str, Callable[..., tuple[list[TaskRecord], dict[str, Any], dict[str, Any]]]] = {
+    "toyfix": _toyfix_suite,
 }
 
 
@@ -134,8 +151,10 @@ def build_suite(name: str, out_dir: str, *, workers: int = 2, seed: int = 0, pyp
     checkpoints_only: assemble the suite from the codebases a previous (killed) build finished,
     building nothing new (the others are reported as not built).
     """
+    if name in GENERATED_SUITES:
+        return GENERATED_SUITES[name](out_dir, workers=workers, seed=seed)
     if name not in SUITES:
-        raise KeyError(f"unknown suite {name!r}; known: {sorted(SUITES)}")
+        raise KeyError(f"unknown suite {name!r}; known: {sorted(SUITES) + sorted(GENERATED_SUITES)}")
     spec = SUITES[name]
     os.makedirs(out_dir, exist_ok=True)
     ctx = BuildContext(out_dir, seed=seed, workers=workers, scan_each_task=spec.scan_each_task)
