@@ -5,6 +5,11 @@
                                 [--from-checkpoints]          # resumes; or assembles what is done
     python -m c2jax.bench run --suite DIR|tasks.jsonl --policy oracle|null [--k K] [--split eval]
                               [--out DIR] [--predictions] [--fresh] [--no-materialize]
+    python -m c2jax.bench run --suite S --policy engine --checkpoint DIR --k 8 [--temperature 1.0]
+                              [--seed 0] [--max-in-flight 32] [--agent-config experiments/configs/NAME.py[:preset]]
+                              --out OUT                  # an agent checkpoint through the harness
+    python -m c2jax.bench run --suite S --policy openai --base-url URL [--model NAME] --tokenizer T ...
+    python -m c2jax.bench compare OUT_A OUT_B [--k 1,8]   # paired bootstrap pass@k(B) - pass@k(A)
     python -m c2jax.bench envs --suite DIR|tasks.jsonl [--pypi-cache DIR]   # re-create missing envs
     python -m c2jax.bench convert swebench FILE.jsonl --repos DIR --out DIR
     python -m c2jax.bench convert harbor TASK_DIR [TASK_DIR ...] --out DIR
@@ -24,6 +29,50 @@ def _tasks_path(suite: str, split: str | None) -> str:
     if os.path.isdir(suite):
         return os.path.join(suite, f"{split}.jsonl" if split else "tasks.jsonl")
     return suite
+
+
+def _run_agent(a) -> int:
+    """`run --policy engine|openai`: the agent harness on every task (c2jax.bench.agent_eval)."""
+    from c2jax.bench.agent_eval import build_agent, run_agent_suite
+    from c2jax.config import ConfigError
+    from c2jax.envs.tasks import TaskFormatError, load_tasks
+
+    try:
+        tasks = load_tasks(_tasks_path(a.suite, a.split))
+    except (TaskFormatError, OSError) as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    ks = [int(x) for x in a.ks.split(",")] if a.ks else None
+    out = a.out or os.path.join(a.suite if os.path.isdir(a.suite) else os.path.dirname(a.suite), f"run-{a.policy}")
+    if not a.no_materialize:
+        from c2jax.bench.materialize import format_report, materialize_envs, missing_envs
+
+        if missing_envs(tasks):
+            print(format_report(materialize_envs(tasks, pypi_cache=a.pypi_cache)), file=sys.stderr)
+    try:
+        setup = build_agent(a.policy, checkpoint=a.checkpoint, tokenizer=a.tokenizer, model_preset=a.model_preset,
+                            base_url=a.base_url, model=a.model, api_key=a.api_key, temperature=a.temperature,
+                            top_p=a.top_p, seed=a.seed, max_in_flight=a.max_in_flight, max_slots=a.max_slots,
+                            max_len=a.max_len, agent_config=a.agent_config)
+    except (ValueError, OSError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    pool = None
+    try:
+        if a.max_sandboxes:
+            from c2jax.envs.pool import SandboxPool
+
+            pool = SandboxPool(max_concurrency=a.max_sandboxes, max_queue=max(256, a.max_in_flight))
+        summary = run_agent_suite(tasks, setup, out, k=a.k, ks=ks, max_in_flight=a.max_in_flight, pool=pool,
+                                  resume=not a.fresh, progress=True if sys.stderr.isatty() else None,
+                                  title=f"{a.policy} on {os.path.basename(a.suite.rstrip('/'))}")
+    finally:
+        if pool is not None:
+            pool.close()
+        setup.close()
+    print(summary["table"])
+    print(f"results: {out}/results.json, per-task rows: {out}/tasks.jsonl")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +103,30 @@ def main(argv: list[str] | None = None) -> int:
                    help="ignore the journal of an earlier run into the same --out (default: resume it)")
     p.add_argument("--no-materialize", action="store_true",
                    help="do not re-create missing task environments first (their samples are masked)")
+    g = p.add_argument_group("agent policies (engine | openai): c2jax.bench.agent_eval")
+    g.add_argument("--checkpoint", help="engine: serving/training checkpoint dir (c2jax.serve.checkpoint)")
+    g.add_argument("--tokenizer", help="tokenizer.json (default: CHECKPOINT/tokenizer.json)")
+    g.add_argument("--model-preset", help="engine: model preset for an Orbax checkpoint without model.json")
+    g.add_argument("--base-url", help="openai: the endpoint, e.g. http://127.0.0.1:8000/v1")
+    g.add_argument("--model", help="openai: model id (default: the endpoint's first)")
+    g.add_argument("--api-key", default=None)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0, help="base sampling seed (per sample/turn seeds derive from it)")
+    g.add_argument("--max-in-flight", type=int, default=32, help="episodes in flight together")
+    g.add_argument("--max-slots", type=int, default=None, help="engine slots (default and minimum: --max-in-flight)")
+    g.add_argument("--max-len", type=int, default=8192, help="engine: tokens per context")
+    g.add_argument("--max-sandboxes", type=int, default=None,
+                   help="bound running sandboxes with a SandboxPool (default: one per episode in flight)")
+    g.add_argument("--agent-config", default=None, help="experiments/configs/NAME.py[:preset]: its config.agent")
+    g.add_argument("--ks", default=None, help="pass@k reported, e.g. 1,8 (default: 1 and --k)")
+    p = sub.add_parser("compare", help="paired bootstrap of pass@k between two runs (tasks matched by id)")
+    p.add_argument("a", help="run A: an --out directory or its results.json")
+    p.add_argument("b", help="run B")
+    p.add_argument("--k", default="1,8", help="comma-separated ks (ks above the samples per task are skipped)")
+    p.add_argument("--n-boot", type=int, default=10000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSON file (default: B/compare.json)")
     p = sub.add_parser("envs", help="check every task's environment; re-create the missing ones")
     p.add_argument("--suite", required=True)
     p.add_argument("--split", choices=("train", "eval"), default=None)
@@ -93,6 +166,24 @@ def main(argv: list[str] | None = None) -> int:
         for prob in report["problems"]:
             print(f"PROBLEM: {prob}", file=sys.stderr)
         return 1 if report["problems"] else 0
+    if a.cmd == "compare":
+        from c2jax.bench.agent_eval import compare_runs, format_compare
+
+        try:
+            ks = [int(x) for x in a.k.split(",") if x.strip()]
+            cmp = compare_runs(a.a, a.b, ks, n_boot=a.n_boot, seed=a.seed)
+        except (ValueError, OSError, KeyError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        text = format_compare(cmp)
+        print(text)
+        out = a.out or os.path.join(a.b if os.path.isdir(a.b) else os.path.dirname(a.b) or ".", "compare.json")
+        with open(out, "w") as f:
+            json.dump(cmp, f, indent=1)
+        print(f"written: {out}")
+        return 0
+    if a.cmd == "run" and a.policy in ("engine", "openai"):
+        return _run_agent(a)
     if a.cmd == "run":
         from c2jax.bench.policies import POLICIES, make_policy
         from c2jax.bench.run import run_suite

@@ -58,3 +58,75 @@ def median(xs: Sequence[float]) -> float:
         return float("nan")
     m = len(s) // 2
     return float(s[m]) if len(s) % 2 else (s[m - 1] + s[m]) / 2
+
+
+def _task_nc(row, masked_as_failure: bool = True) -> tuple[int, int]:
+    """(n, c) of one per-task row (`c2jax.bench.run` format) or an (n, c) pair / outcome list."""
+    if isinstance(row, dict):
+        samples = row["samples"]
+        if not masked_as_failure:
+            samples = [s for s in samples if not s.get("masked")]
+        return len(samples), sum(bool(s["resolved"]) and not s.get("masked") for s in samples)
+    if isinstance(row, tuple) and len(row) == 2 and all(isinstance(x, int) for x in row):
+        return row
+    outs = list(row)
+    return len(outs), sum(bool(x) for x in outs)
+
+
+def _keyed(per_task) -> dict[str, object]:
+    if isinstance(per_task, dict):
+        return dict(per_task)
+    out: dict[str, object] = {}
+    for r in per_task:
+        iid = r["instance_id"]
+        if iid in out:
+            raise ValueError(f"task {iid!r} appears twice")
+        out[iid] = r
+    return out
+
+
+def paired_bootstrap_diff(per_task_a, per_task_b, k: int, n_boot: int = 10000, seed: int = 0,
+                          alpha: float = 0.05, masked_as_failure: bool = True) -> dict:
+    """pass@k(B) - pass@k(A) with a paired percentile bootstrap CI over TASKS.
+
+    per_task_a / per_task_b: per-task rows (``{"instance_id", "samples": [{"resolved", "masked"}]}``,
+    the `c2jax.bench.run` / `agent_eval` format) or dicts instance_id -> row, (n, c) or a list of
+    outcomes. Tasks are matched by instance_id (ValueError if the sets differ); each bootstrap
+    replicate draws ONE set of task indices (with replacement) used for both runs, so the
+    per-task difference d_i = pass@k_B(i) - pass@k_A(i) is what is resampled. Masked samples count
+    as failures (evaluation) unless `masked_as_failure=False` (then they are dropped from n).
+    Returns {"mean", "lo", "hi", "tasks", "k", "p_boot"}: mean = the observed difference; p_boot =
+    the two-sided bootstrap fraction of replicates on the other side of 0 (a rough p-value).
+    """
+    import numpy as np
+
+    a, b = _keyed(per_task_a), _keyed(per_task_b)
+    if set(a) != set(b):
+        only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+        raise ValueError(f"the runs cover different tasks: only in A {only_a[:5]} ({len(only_a)}), "
+                         f"only in B {only_b[:5]} ({len(only_b)})")
+    if not a:
+        raise ValueError("no tasks")
+    ids = sorted(a)
+    d = []
+    for i in ids:
+        (na, ca), (nb, cb) = _task_nc(a[i], masked_as_failure), _task_nc(b[i], masked_as_failure)
+        if na < k or nb < k:
+            raise ValueError(f"task {i!r}: pass@{k} needs >= {k} samples per run (A has {na}, B has {nb})")
+        d.append(pass_at_k(nb, cb, k) - pass_at_k(na, ca, k))
+    d_arr = np.asarray(d, np.float64)
+    n = len(d_arr)
+    mean = float(d_arr.mean())
+    rng = np.random.default_rng(seed)
+    boots = np.empty(n_boot, np.float64)
+    chunk = max(1, (1 << 22) // n)  # bounded memory: chunk x n indices at a time
+    for s in range(0, n_boot, chunk):
+        m = min(chunk, n_boot - s)
+        boots[s:s + m] = d_arr[rng.integers(0, n, size=(m, n))].mean(axis=1)
+    boots.sort()
+    lo = float(boots[int(math.floor(alpha / 2 * (n_boot - 1)))])
+    hi = float(boots[int(math.ceil((1 - alpha / 2) * (n_boot - 1)))])
+    if d_arr.min() == d_arr.max():  # a constant difference: every replicate is exactly it
+        lo = hi = mean = float(d_arr[0])
+    p = 2 * min(float((boots <= 0).mean()), float((boots >= 0).mean()))
+    return {"mean": mean, "lo": lo, "hi": hi, "tasks": n, "k": k, "p_boot": min(1.0, p)}
