@@ -64,6 +64,7 @@ def ckpt(tmp_path_factory):
 
 
 def _engine(params, cfg, slots: int = 32):
+    """Every engine of this module has 32 slots: one set of compiled shapes (a new shape costs ~15 s)."""
     from c2jax.sampling import Engine, EngineConfig
 
     return Engine(params, cfg, EngineConfig(max_slots=slots, max_len=MAX_LEN, prefill_chunk=256),
@@ -174,7 +175,7 @@ def test_32_episodes_in_flight_reach_the_engine_together(ckpt, repo_env):
 
     _, params, cfg = ckpt
     fmt = chat_format()
-    eng = _engine(params, cfg, 32)
+    eng = _engine(params, cfg)
     peak = _count_engine_peak(eng)
     pol = EnginePolicy(eng, fmt, temperature=0.0, seed=0)
     # hold the first requests until all 32 episodes have asked (sandbox starts are staggered):
@@ -278,13 +279,13 @@ def test_greedy_engine_and_openai_server_agree(ckpt, repo_env, monkeypatch):
         if k.startswith("OPENAI_"):
             monkeypatch.delenv(k)
     tasks = [make_task(repo_env[1], "g0"), make_task(repo_env[1], "g1", split="eval")]
-    eng = _engine(params, cfg, 4)
+    eng = _engine(params, cfg)
     try:
         local = evaluate_agent(tasks, Harness(fmt, hcfg()), EnginePolicy(eng, fmt, temperature=0.0, seed=3), k=2,
                                max_in_flight=4)
     finally:
         eng.shutdown()
-    srv = ChatServer(_engine(params, cfg, 4), fmt, model_name="tiny").start("127.0.0.1", 0)
+    srv = ChatServer(_engine(params, cfg), fmt, model_name="tiny").start("127.0.0.1", 0)
     try:
         pol = OpenAIPolicy(base_url=srv.url + "/v1", model="tiny", api_key="test", temperature=0.0, seed=3)
         remote = evaluate_agent(tasks, Harness(fmt, hcfg()), pol, k=2, max_in_flight=4)
@@ -319,7 +320,7 @@ def test_cli_run_twice_and_compare(ckpt, repo_env, tmp_path, capsys):
     for name in ("a", "b"):
         out = str(tmp_path / name)
         rc = main(["run", "--suite", str(suite), "--policy", "engine", "--checkpoint", d, "--k", "2", "--temperature",
-                   "0", "--seed", "0", "--max-in-flight", "4", "--max-len", str(MAX_LEN), "--agent-config",
+                   "0", "--seed", "0", "--max-in-flight", "4", "--max-slots", "32", "--max-len", str(MAX_LEN), "--agent-config",
                    f"{cfgf}:1", "--no-materialize", "--out", out])
         assert rc == 0
         outs.append(out)
@@ -330,7 +331,7 @@ def test_cli_run_twice_and_compare(ckpt, repo_env, tmp_path, capsys):
         assert all(s["turns"] == 1 for r in res["tasks"] for s in r["samples"])  # max_turns from the config preset
     # resume: a rerun into the same directory reuses the journal
     rc = main(["run", "--suite", str(suite), "--policy", "engine", "--checkpoint", d, "--k", "2", "--temperature",
-               "0", "--max-in-flight", "4", "--max-len", str(MAX_LEN), "--agent-config", f"{cfgf}:1",
+               "0", "--max-in-flight", "4", "--max-slots", "32", "--max-len", str(MAX_LEN), "--agent-config", f"{cfgf}:1",
                "--no-materialize", "--out", outs[0]])
     assert rc == 0 and json.load(open(os.path.join(outs[0], "results.json")))["summary"]["eval_stats"]["episodes"] == 0
     orc = str(tmp_path / "oracle")
@@ -369,7 +370,7 @@ def test_order_free_seeds(ckpt, repo_env):
     _, _, cfg = ckpt
     fmt = chat_format()
     params = init(cfg, jax.random.key(5))  # a random model: varied samples
-    eng = _engine(params, cfg, 8)
+    eng = _engine(params, cfg)
     h = Harness(fmt, hcfg(max_turns=1, max_new=12))
     ids = [f"s{i}#{j}" for i in range(3) for j in range(2)]
 
