@@ -69,6 +69,7 @@ class ToolConfig:
     output_max_chars: int = 20000  # run_terminal_cmd: head + tail kept
     cmd_timeout_s: float = 120.0
     cmd_max_timeout_s: float = 600.0
+    compact_declarations: bool = False  # declare only required parameters, no descriptions (tiny contexts)
 
     def tool_names(self) -> tuple[str, ...]:
         if self.bash_only:
@@ -185,11 +186,26 @@ def _strict_schema(schema: Any) -> Any:
     return schema
 
 
-def openai_tools(names: Sequence[str], strict: bool = False) -> list[dict]:
-    """OpenAI `tools` entries for `names` (the form sent to endpoints and rendered into the prompt)."""
+def compact_schema(params: dict) -> dict:
+    """The declaration of a tool's parameters reduced to the required ones, without descriptions
+    (the calls the tool accepts are unchanged: argument checking uses the full schema)."""
+    req = list(params.get("required", []))
+    props = {k: {kk: vv for kk, vv in v.items() if kk != "description"} for k, v in params["properties"].items()
+             if k in req}
+    return {"type": "object", "properties": props, "required": req}
+
+
+def openai_tools(names: Sequence[str], strict: bool = False, compact: bool = False) -> list[dict]:
+    """OpenAI `tools` entries for `names` (the form sent to endpoints and rendered into the prompt).
+
+    `compact`: only required parameters and no descriptions (a few dozen tokens per tool, for the
+    ~1k-token contexts of tiny models; see ToolConfig.compact_declarations)."""
     out = []
     for n in names:
         params = _strict_schema(SCHEMAS[n]["parameters"]) if strict else SCHEMAS[n]["parameters"]
+        if compact:
+            out.append({"type": "function", "function": {"name": n, "parameters": compact_schema(params)}})
+            continue
         out.append({"type": "function", "function": {"name": n, "description": SCHEMAS[n]["description"],
                                                       "parameters": params}})
     return out
@@ -317,7 +333,7 @@ class Toolbox:
         self._impl: dict[str, Callable[[dict], ToolResult]] = {n: getattr(self, f"_t_{n}") for n in TOOL_NAMES}
 
     def schemas(self) -> list[dict]:
-        return openai_tools(self.names, self.config.strict)
+        return openai_tools(self.names, self.config.strict, self.config.compact_declarations)
 
     def open_todos(self) -> list[dict]:
         """To-do items not completed or cancelled (carried over a self-summarisation)."""

@@ -104,6 +104,8 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
     trajs = [e.trajectory for e in eps if not e.trajectory.infra_failed and e.diff]
     if len(trajs) < len(eps):
         log.warning("agent_sft: %d of %d demonstrations failed and were dropped", len(eps) - len(trajs), len(eps))
+    if not trajs:
+        return trajs
     os.makedirs(os.path.dirname(path), exist_ok=True)
     save_jsonl(trajs, path + ".tmp")
     os.replace(path + ".tmp", path)

@@ -67,6 +67,21 @@ def initial_params(config: Any, rl: dict, prev: dict, cfg: Any):
     return jax.tree_util.tree_map(np.asarray, init_params(src, cfg, int(config.get("seed", 0))))
 
 
+def save_policy(path: str, params: Any, cfg: Any, tokenizer: Any) -> str:
+    """Serving checkpoint written once, atomically (a resumed run finds it complete and keeps it)."""
+    import shutil
+
+    from c2jax.serve.checkpoint import save_serving_checkpoint
+
+    if os.path.exists(os.path.join(path, "tokenizer.json")):
+        return path
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_serving_checkpoint(tmp, params, cfg, tokenizer)
+    os.replace(tmp, path)
+    return path
+
+
 def eval_command(config_path: str, suite_dir: str, ckpt: str, rl: dict, seed: int, out: str) -> str:
     ev = rl["eval"]
     return (f"python -m c2jax.bench run --suite toyfix --suite-dir {suite_dir} --split eval --policy engine "
@@ -110,7 +125,6 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.agent.policies import EnginePolicy
     from c2jax.envs import SandboxPool
     from c2jax.sampling import Engine, EngineConfig
-    from c2jax.serve.checkpoint import save_serving_checkpoint
     from c2jax.train.checkpoint import Checkpointer
     from c2jax.train.metrics import MetricsLogger, Progress
     from c2jax.train.pretrain import base_model_config, load_data
@@ -140,7 +154,7 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     # Held-out evaluation of the initial (SFT) policy.
     before = None
     if rl["eval"]["enabled"]:
-        save_serving_checkpoint(os.path.join(out_dir, "policy_init"), params0, cfg, tokenizer)
+        save_policy(os.path.join(out_dir, "policy_init"), params0, cfg, tokenizer)
         t0 = time.time()
         before = evaluate(params0, cfg, tokenizer, config, rl, eval_tasks, os.path.join(out_dir, "eval_before"), seed)
         timings["eval_before_s"] = time.time() - t0
@@ -206,7 +220,7 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
                                "group_size": int(rl["group_size"]), "rollouts": steps * int(rl["tasks_per_step"]) * int(rl["group_size"]),
                                "final_version": version, "family_dir": fam["dir"]}
     if rl["eval"]["enabled"]:
-        save_serving_checkpoint(os.path.join(out_dir, "policy_final"), final, cfg, tokenizer)
+        save_policy(os.path.join(out_dir, "policy_final"), final, cfg, tokenizer)
         t0 = time.time()
         after = evaluate(final, cfg, tokenizer, config, rl, eval_tasks, os.path.join(out_dir, "eval_after"), seed)
         timings["eval_after_s"] = time.time() - t0
@@ -229,18 +243,28 @@ def eval_summary(before: dict, after: dict, rl: dict, seed: int) -> dict:
     k = int(rl["eval"]["k"])
     out: dict[str, Any] = {}
     for tag, ev in (("before", before), ("after", after)):
-        res = ev["results"]
+        res = ev["results"]["overall"]
         for kk in (1, k):
-            p = res[f"pass@{kk}"]
-            out[f"pass_at_{kk}_{tag}"] = p["mean"] if isinstance(p, dict) else p
-            if isinstance(p, dict) and "lo" in p:
-                out[f"pass_at_{kk}_{tag}_ci"] = {"lo": p["lo"], "hi": p["hi"]}
+            out[f"pass_at_{kk}_{tag}"] = res.get(f"pass@{kk}")
+            ci = res.get(f"pass@{kk}_ci95")
+            if ci:
+                out[f"pass_at_{kk}_{tag}_ci"] = {"lo": ci[0], "hi": ci[1]}
         out[f"masked_rate_{tag}"] = res.get("masked_rate")
+        out[f"malformed_tool_call_rate_{tag}"] = res.get("malformed_tool_call_rate")
+        out[f"mean_tool_calls_{tag}"] = res.get("mean_tool_calls")
+    out["wellformed"] = {f"pass_at_1_wellformed_{tag}": wellformed_pass_rate(ev["rows"])
+                         for tag, ev in (("before", before), ("after", after))}
     for kk in (1, k):
         d = paired_bootstrap_diff(before["rows"], after["rows"], kk, seed=seed)
         out[f"pass_at_{kk}_diff_ci"] = {"lo": d["lo"], "hi": d["hi"]}
         out[f"pass_at_{kk}_diff"] = d["mean"]
     return out
+
+
+def wellformed_pass_rate(rows: list) -> float | None:
+    """pass@1 over samples whose tool calls were all well-formed (the lift without protocol effects)."""
+    ok = [s for r in rows for s in r["samples"] if not s.get("malformed_tool_calls") and not s.get("masked")]
+    return (sum(bool(s.get("resolved")) for s in ok) / len(ok)) if ok else None
 
 
 @STAGES.register("rl")

@@ -120,7 +120,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
                             clip_norm=1.0, max_demos=6 if smoke else 256, split="demo", log_every=1 if smoke else 10)
     config.agent = agent_config_dict(system_prompt=SYSTEM, max_turns=6, max_policy_tokens=768, max_new_tokens=160,
                                      max_context_tokens=1024, max_wall_s=120.0, summary_trigger_tokens=None,
-                                     tools={"enabled": TOYFIX_TOOLS, "strict": False, "cmd_timeout_s": 20.0,
+                                     tools={"enabled": TOYFIX_TOOLS, "strict": False, "compact_declarations": True, "cmd_timeout_s": 20.0,
                                             "output_max_chars": 600, "read_max_lines": 60})
     if smoke:
         config.rl = _rl(group_size=2, steps=2, tasks_per_step=2, max_in_flight=4, ckpt_every=1,
