@@ -46,7 +46,9 @@ def _run_agent(a) -> int:
     out = a.out or os.path.join(a.suite if os.path.isdir(a.suite) else os.path.dirname(a.suite), f"run-{a.policy}")
     if not a.no_materialize:
         from c2jax.bench.materialize import format_report, materialize_envs, missing_envs
+        from c2jax.envs.synth.toyfix import materialize_envs as toyfix_envs
 
+        toyfix_envs(tasks)  # generated tasks: re-created from their records
         if missing_envs(tasks):
             print(format_report(materialize_envs(tasks, pypi_cache=a.pypi_cache)), file=sys.stderr)
     try:
