@@ -47,6 +47,11 @@ def ensure_family(config: Any) -> dict:
     info = dict(build_toyfix(out, n_train=args["n_train"], n_eval=args["n_eval"], n_demo=args["n_demo"],
                              difficulty=args["difficulty"], seed=args["seed"], workers=2))
     info["dir"] = out
+    from c2jax.envs.synth.toyfix import materialize_envs
+    from c2jax.envs.tasks import load_tasks
+
+    # Environments may have been cleaned from this machine's cache: re-create them from the records.
+    materialize_envs([t for s in ("train", "eval", "demo") for t in load_tasks(info[s])])
     return info
 
 

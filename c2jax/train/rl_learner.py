@@ -44,6 +44,7 @@ def device_batch(batch: Mapping[str, Any]) -> dict:
 class Learner:
     logp: Callable[..., tuple[jax.Array, dict]]
     update: Callable[..., tuple[TrainState, dict]]
+    grads: Callable[..., tuple[Any, dict]]  # (params, batch, logp_ref, version) -> (grads, metrics)
     loss_fn: Callable[..., tuple[jax.Array, dict]]
     cfg: Any
     tx: optax.GradientTransformation
@@ -116,7 +117,16 @@ def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
         ref = None if logp_ref is None else jnp.asarray(logp_ref)
         return _update(state, b, ref, jnp.asarray(version, jnp.int32))
 
-    return Learner(logp=logp, update=update, loss_fn=loss_fn, cfg=cfg, tx=tx)
+    @jax.jit
+    def _grads(params, batch, logp_ref, version):
+        (_, metrics), g = grad_fn(params, batch, logp_ref, version)
+        return g, metrics
+
+    def grads(params, batch, logp_ref=None, version: int = 0):
+        ref = None if logp_ref is None else jnp.asarray(logp_ref)
+        return _grads(params, device_batch(batch), ref, jnp.asarray(version, jnp.int32))
+
+    return Learner(logp=logp, update=update, grads=grads, loss_fn=loss_fn, cfg=cfg, tx=tx)
 
 
 def mismatch_stats(logp: np.ndarray, sampler_logp: np.ndarray, mask: np.ndarray) -> dict[str, float]:

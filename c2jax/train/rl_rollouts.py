@@ -90,6 +90,9 @@ async def _one(harness: Any, policy: Any, task: Any, k: int, pool: Any, sem: asy
 async def acollect(harness: Any, policy: Any, tasks: Sequence[Any], *, group_size: int, pool: Any = None,
                    max_in_flight: int = 32, max_len: int = 1 << 30, grade_fn: Callable | None = None) -> list[Sample]:
     """`group_size` graded episodes per task, at most `max_in_flight` at once; order: task-major."""
+    from c2jax.bench.agent_eval import _ensure_threads
+
+    _ensure_threads(2 * max_in_flight + 8)  # sandbox starts, tools and grading run in threads: room for every episode
     sem = asyncio.Semaphore(max_in_flight)
     return list(await asyncio.gather(*(_one(harness, policy, t, k, pool, sem, max_len, grade_fn)
                                        for t in tasks for k in range(group_size))))
