@@ -34,6 +34,8 @@ SECTION_MODULES: dict[str, str] = {
     "data": "c2jax.data.config_checks",
     "mesh": "c2jax.model.sharding",
     "agent": "c2jax.agent.config",
+    "agent_sft": "c2jax.train.agent_sft",
+    "sft_matched": "c2jax.train.sft_matched",
 }
 
 VALIDATORS: Registry[Callable[["Checker", Any, Any], None]] = Registry("config_validator")

@@ -33,7 +33,8 @@ def _paths(d, prefix=""):
     return out
 
 
-@pytest.mark.parametrize("preset", ["default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0"])
+@pytest.mark.parametrize("preset", ["default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0",
+                                    "sft_matched"])
 def test_rl_quickstart_writes_every_rl_default(preset):
     from c2jax.config import validate
     from c2jax.rl.stage_config import full_rl_defaults

@@ -38,7 +38,7 @@ def _run_agent(a) -> int:
     from c2jax.envs.tasks import TaskFormatError, load_tasks
 
     try:
-        tasks = load_tasks(_tasks_path(a.suite, a.split))
+        tasks = load_tasks(_tasks_path(a.suite, a.split))[: a.limit]
     except (TaskFormatError, OSError) as e:
         print(str(e), file=sys.stderr)
         return 2
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", required=True)
     p.add_argument("--k", type=int, default=1)
     p.add_argument("--split", choices=("train", "eval"), default=None)
+    p.add_argument("--limit", type=int, default=None, help="only the first N tasks (after --split)")
     p.add_argument("--out", default=None)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--predictions", action="store_true")
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown policy {a.policy!r}; known: {POLICIES.names()}", file=sys.stderr)
             return 2
         try:
-            tasks = load_tasks(_tasks_path(a.suite, a.split))
+            tasks = load_tasks(_tasks_path(a.suite, a.split))[: a.limit]
         except (TaskFormatError, OSError) as e:
             print(str(e), file=sys.stderr)
             return 2

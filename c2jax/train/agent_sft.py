@@ -112,8 +112,10 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
     return trajs
 
 
-def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_dir: str, steps: int) -> tuple[Any, dict]:
-    """Cross entropy on policy tokens of packed demonstrations, `steps` Adam steps."""
+def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_dir: str, steps: int,
+                   max_wall_s: float | None = None, schedule: dict | None = None) -> tuple[Any, dict]:
+    """Cross entropy on policy tokens of packed demonstrations: `steps` Adam steps, or fewer if
+    `max_wall_s` (seconds of training) runs out first."""
     from c2jax.model.params_spec import trainable_mask
     from c2jax.train import optim
     from c2jax.train.metrics import MetricsLogger, Progress
@@ -127,8 +129,9 @@ def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_d
     keys = ("tokens", "targets", "loss_mask", "segment_ids", "positions")
     rows = {k: packed[k] for k in keys}
     R = rows["tokens"].shape[0]
-    sched = optim.make_schedule({"name": "cosine", "peak_lr": float(c["peak_lr"]), "warmup_steps": int(c["warmup_steps"]),
-                                 "min_lr_ratio": float(c["min_lr_ratio"]), "init_lr_ratio": 0.0}, steps)
+    sched = optim.make_schedule(schedule or {"name": "cosine", "peak_lr": float(c["peak_lr"]),
+                                             "warmup_steps": int(c["warmup_steps"]),
+                                             "min_lr_ratio": float(c["min_lr_ratio"]), "init_lr_ratio": 0.0}, steps)
     tx = optim.make_optimizer({"name": "adamw", "b1": 0.9, "b2": 0.95, "eps": 1e-8,
                                "weight_decay": float(c["weight_decay"]), "clip_norm": float(c["clip_norm"])},
                               sched, params, trainable=trainable_mask(cfg))
@@ -140,7 +143,11 @@ def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_d
     bar = Progress(steps, desc="agent_sft")
     order = rng.permutation(R)
     pos, t0, loss = 0, time.time(), float("nan")
+    done = 0
     for step in range(steps):
+        if max_wall_s is not None and time.time() - t0 > max_wall_s:
+            break
+        done = step + 1
         if pos + B > R:
             order, pos = rng.permutation(R), 0
         idx = order[pos: pos + B] if R >= B else rng.integers(0, R, B)
@@ -154,7 +161,7 @@ def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_d
             bar.update(int(c["log_every"]) if (step + 1) % int(c["log_every"]) == 0 else 0, loss=loss)
     bar.close()
     logger.close()
-    return state.params, {"steps": steps, "rows": int(R), "demos": len(trajs), "train_loss_final": loss,
+    return state.params, {"steps": done, "rows": int(R), "demos": len(trajs), "train_loss_final": loss,
                           "policy_tokens": float(packed["loss_mask"].sum()), "wall_time_s": time.time() - t0}
 
 

@@ -82,11 +82,13 @@ def save_policy(path: str, params: Any, cfg: Any, tokenizer: Any) -> str:
     return path
 
 
-def eval_command(config_path: str, suite_dir: str, ckpt: str, rl: dict, seed: int, out: str) -> str:
+def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str) -> str:
+    """The `python -m c2jax.bench run` command that reproduces an in-stage evaluation exactly."""
     ev = rl["eval"]
-    return (f"python -m c2jax.bench run --suite toyfix --suite-dir {suite_dir} --split eval --policy engine "
+    spec = os.environ.get("C2JAX_CONFIG_SPEC") or "experiments/configs/rl_quickstart.py"
+    return (f"python -m c2jax.bench run --suite {suite_dir} --split eval --limit {ev['n_tasks']} --policy engine "
             f"--checkpoint {ckpt} --k {ev['k']} --temperature {ev['temperature']} --seed {seed} "
-            f"--max-in-flight {ev['max_in_flight']} --limit {ev['n_tasks']} --agent-config {config_path} --out {out}")
+            f"--max-in-flight {ev['max_in_flight']} --max-len {rl['max_len']} --agent-config {spec} --out {out}")
 
 
 def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks: list, out_dir: str,
@@ -148,7 +150,6 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     fam = ensure_family(config)
     train_tasks, eval_tasks = load_split(fam, "train"), load_split(fam, "eval")[: int(rl["eval"]["n_tasks"])]
     params0 = initial_params(config, rl, prev, cfg)
-    cfg_path = str(config.get("config_path", "experiments/configs/rl_quickstart.py"))
     timings: dict[str, float] = {}
 
     # Held-out evaluation of the initial (SFT) policy.
@@ -225,7 +226,10 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
         after = evaluate(final, cfg, tokenizer, config, rl, eval_tasks, os.path.join(out_dir, "eval_after"), seed)
         timings["eval_after_s"] = time.time() - t0
         summary.update(eval_summary(before, after, rl, seed))
-        summary["eval_command"] = eval_command(cfg_path, fam["dir"], "CHECKPOINT", rl, seed, "OUT")
+        summary["eval_command"] = eval_command(fam["dir"], "CHECKPOINT", rl, seed, "OUT")
+        summary["eval_commands"] = {t: eval_command(fam["dir"], os.path.join(out_dir, f"policy_{p}"), rl, seed,
+                                                    os.path.join(out_dir, f"bench_{t}"))
+                                    for t, p in (("before", "init"), ("after", "final"))}
         summary["eval_checkpoints"] = {"before": os.path.join(out_dir, "policy_init"),
                                        "after": os.path.join(out_dir, "policy_final")}
     summary["time"] = timings

@@ -27,6 +27,7 @@ STAGE_MODULES: dict[str, str] = {
     "sft": "c2jax.train.pretrain",
     "agent_sft": "c2jax.train.agent_sft",
     "rl": "c2jax.train.rl",
+    "sft_matched": "c2jax.train.sft_matched",
 }
 
 
@@ -58,8 +59,8 @@ def build_cache(config: Any) -> tuple[list[str], str | None, Any]:
     """Cached build stages: ``config.build = {stages: [...], dir: 'runs/cache', seed: 0}``.
 
     The listed stages (a prefix of `config.stages`, e.g. cpt and agent_sft) run in a directory
-    content-addressed by everything in the config except ``seed``, ``rl``, ``build.dir`` and the later
-    stages, with ``seed`` replaced by ``build.seed``; so a second seed (which changes the RL stage
+    content-addressed by everything in the config except ``seed``, ``build.dir``, the sections of the
+    later stages and ``rl`` (but ``rl.tasks``, the task family the demonstrations come from), with ``seed`` replaced by ``build.seed``; so a second seed (which changes the RL stage
     only) finds them finished and reuses them. Returns (stages, directory, the build config)."""
     build = _plain(config.get("build")) if hasattr(config, "get") else None
     if not build or not build.get("stages"):
@@ -68,7 +69,9 @@ def build_cache(config: Any) -> tuple[list[str], str | None, Any]:
     import hashlib
 
     stages = list(build["stages"])
-    plain = {k: _plain(v) for k, v in config.items() if k not in ("seed", "rl", "build", "stages", "config_path")}
+    later = {s for s in list(config.stages) if s not in stages}  # sections of the later stages (rl, ...)
+    plain = {k: _plain(v) for k, v in config.items() if k not in {"seed", "build", "stages", "rl"} | later}
+    plain["rl_tasks"] = (_plain(config.get("rl")) or {}).get("tasks")  # the task family the demos come from
     plain["build_seed"], plain["build_stages"] = int(build.get("seed", 0)), stages
     digest = hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
     root = build.get("dir") or os.path.join("runs", "cache")

@@ -18,6 +18,7 @@ Presets (after ':'):
     k3_in_loss    k3 KL estimator placed in the loss (coefficient 0.01) instead of k1 in the reward
     no_replay     learner forward without router replay
     q0            linear length penalty (q = 0) instead of the concave one
+    sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of the train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
 of them can be overridden: ``--config.rl.group_size=4``, ``--config.rl.rewards.length.q=0.5``, ...
@@ -28,9 +29,10 @@ from c2jax.agent.config import agent_config_dict
 from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
-PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0")
+PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "sft_matched")
 VOCAB = 4096
 TOYFIX_TOOLS = ["read_file", "search_replace", "run_terminal_cmd"]
+SFT_MATCHED_WALL_S = 600.0  # the default RL stage's training time (rl.time.rl_s) on 2 cores
 SYSTEM = "You fix bugs in the repository at /workspace with the tools. Read the code, fix it, check it, then stop."
 
 
@@ -138,4 +140,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.router_replay = False
     elif arg == "q0":
         config.rl.rewards.length.q = 0.0
+    elif arg == "sft_matched":
+        # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
+        # over scripted demonstrations of the same train tasks; evaluated like the RL stage.
+        config.stages = ["cpt", "agent_sft", "sft_matched"]
+        config.sft_matched = dict(max_wall_s=SFT_MATCHED_WALL_S, max_steps=100000, peak_lr=3e-4, batch_size=4)
     return config
