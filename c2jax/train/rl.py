@@ -98,6 +98,7 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
     from c2jax.bench.agent_eval import evaluate_agent, summarize_agent
     from c2jax.sampling import Engine, EngineConfig
     from c2jax.train.rl_family import make_harness
+    from c2jax.train.rl_rollouts import grade_validated
 
     rows_path = os.path.join(out_dir, "rows.json")
     ev = rl["eval"]
@@ -111,7 +112,8 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
         try:
             harness, fmt = make_harness(config, tokenizer)
             policy = EnginePolicy(engine, fmt, temperature=float(ev["temperature"]), seed=seed)
-            rows = evaluate_agent(tasks, harness, policy, k=int(ev["k"]), max_in_flight=int(ev["max_in_flight"]))
+            rows = evaluate_agent(tasks, harness, policy, k=int(ev["k"]), max_in_flight=int(ev["max_in_flight"]),
+                                  grade_fn=grade_validated)
         finally:
             engine.shutdown()
         with open(rows_path + ".tmp", "w") as f:

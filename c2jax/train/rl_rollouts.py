@@ -11,6 +11,7 @@ Masking (never scored as 0; the loss excludes the sample, the step goes on):
   malformed          the trajectory fails `Trajectory.validate` (inconsistent record)
   too_long           a segment does not fit the learner's row (`max_len`)
   error:<Type>       any other exception while rolling out or grading
+Grading uses `grade_validated` (the real grader; an empty diff scores 0 without a test run).
 A policy failure (malformed tool call, budget or time limit hit, no fix) is NOT masked: it is
 graded like any other attempt (reward 0; malformed calls also feed the ``broken_tool_calls`` term).
 The grader's reward goes into ``reward_terms['task']`` (what ``rl.rewards.task`` reads).
@@ -43,6 +44,17 @@ class Sample:
 def _mask(traj: Trajectory, reason: str) -> None:
     traj.infra_failed = True
     traj.metadata["mask_reason"] = reason
+
+
+def grade_validated(task: Any, diff: str) -> Any:
+    """The real grader, except that an EMPTY diff scores 0 without running the tests: a validated task's
+    broken state fails its FAIL_TO_PASS tests by construction (every family checks that at build
+    time), so the run could only repeat that. Saves a sandboxed pytest run per no-edit episode."""
+    from c2jax.envs.grading import GradeResult, grade
+
+    if not (diff or "").strip() and task.hidden_tests.FAIL_TO_PASS:
+        return GradeResult(0.0, False, 0.0, 0, False, ["empty_diff"])
+    return grade(task, diff)
 
 
 def check_sample(traj: Trajectory, max_len: int) -> str | None:
@@ -92,6 +104,7 @@ async def acollect(harness: Any, policy: Any, tasks: Sequence[Any], *, group_siz
     """`group_size` graded episodes per task, at most `max_in_flight` at once; order: task-major."""
     from c2jax.bench.agent_eval import _ensure_threads
 
+    grade_fn = grade_fn or grade_validated
     _ensure_threads(2 * max_in_flight + 8)  # sandbox starts, tools and grading run in threads: room for every episode
     sem = asyncio.Semaphore(max_in_flight)
     return list(await asyncio.gather(*(_one(harness, policy, t, k, pool, sem, max_len, grade_fn)

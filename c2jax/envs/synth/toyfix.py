@@ -49,7 +49,7 @@ from c2jax.envs.tasks import DEFAULT_PROTECTED, HiddenTests, Source, TaskRecord,
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 GENERATOR = "c2jax.envs.synth.toyfix"
 TOYFIX_TOOLS: tuple[str, ...] = ("read_file", "search_replace", "run_terminal_cmd")
 DIFFICULTIES = (1, 2, 3)
@@ -91,6 +91,24 @@ VOCAB: dict[str, dict[str, tuple]] = {
         "letter": ("o", "i", "n"),
     },
 }
+# Package, module and function-name parts are two-syllable words from disjoint syllable sets (256
+# words per split): far too many to memorise, so a model must COPY names from the statement and
+# from the code it reads; a word of one split can never be spelt with the other split's syllables.
+SYLLABLES: dict[str, tuple[str, ...]] = {
+    "train": ("ba", "ko", "li", "mu", "ne", "po", "ra", "si", "tu", "ve", "da", "fo", "gi", "ha", "ju", "ze"),
+    "eval": ("be", "ka", "lo", "mi", "nu", "pe", "ro", "sa", "ti", "vo", "de", "fi", "go", "hu", "ja", "zo"),
+}
+
+
+def _words(split: str) -> tuple[str, ...]:
+    syl = SYLLABLES[split]
+    return tuple(a + b for a in syl for b in syl)
+
+
+for _split in ("train", "eval"):
+    for _pool in ("package", "module", "verb", "noun"):
+        VOCAB[_split][_pool] = _words(_split)
+
 WORDS = ("apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano", "orbit", "candle")
 
 
