@@ -49,7 +49,7 @@ from c2jax.envs.tasks import DEFAULT_PROTECTED, HiddenTests, Source, TaskRecord,
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = "2"
+GENERATOR_VERSION = "3"
 GENERATOR = "c2jax.envs.synth.toyfix"
 TOYFIX_TOOLS: tuple[str, ...] = ("read_file", "search_replace", "run_terminal_cmd")
 DIFFICULTIES = (1, 2, 3)
@@ -91,23 +91,15 @@ VOCAB: dict[str, dict[str, tuple]] = {
         "letter": ("o", "i", "n"),
     },
 }
-# Package, module and function-name parts are two-syllable words from disjoint syllable sets (256
-# words per split): far too many to memorise, so a model must COPY names from the statement and
-# from the code it reads; a word of one split can never be spelt with the other split's syllables.
-SYLLABLES: dict[str, tuple[str, ...]] = {
-    "train": ("ba", "ko", "li", "mu", "ne", "po", "ra", "si", "tu", "ve", "da", "fo", "gi", "ha", "ju", "ze"),
-    "eval": ("be", "ka", "lo", "mi", "nu", "pe", "ro", "sa", "ti", "vo", "de", "fi", "go", "hu", "ja", "zo"),
-}
+# Package, module and function-name parts come from disjoint lists of ~600 words each
+# (`c2jax.data.words`): far too many to memorise, so a model must COPY names from the statement and
+# from the code it reads; held-out tasks use only EVAL_WORDS, everything trained on only TRAIN_WORDS.
+from c2jax.data.words import EVAL_WORDS, TRAIN_WORDS  # noqa: E402
 
-
-def _words(split: str) -> tuple[str, ...]:
-    syl = SYLLABLES[split]
-    return tuple(a + b for a in syl for b in syl)
-
-
-for _split in ("train", "eval"):
+_FIXED = {sp: {str(x) for k, v in VOCAB[sp].items() for x in v} for sp in VOCAB}  # variable names etc.
+for _split, _other, _words in (("train", "eval", TRAIN_WORDS), ("eval", "train", EVAL_WORDS)):
     for _pool in ("package", "module", "verb", "noun"):
-        VOCAB[_split][_pool] = _words(_split)
+        VOCAB[_split][_pool] = tuple(w for w in _words if w not in _FIXED[_other] and w not in _FIXED[_split])
 
 WORDS = ("apple", "river", "stone", "cloud", "maple", "tiger", "lemon", "piano", "orbit", "candle")
 
