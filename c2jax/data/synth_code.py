@@ -61,15 +61,25 @@ def synth_program(rng: random.Random, words: Sequence[str] = TRAIN_WORDS) -> str
     return "".join(parts)
 
 
+def copy_drill(rng: random.Random, words: Sequence[str] = TRAIN_WORDS, n: int = 16) -> str:
+    """A list of random words, then the same list again: the second copy is predictable only by
+    copying (the cleanest signal for induction heads to form)."""
+    ws = [rng.choice(words) for _ in range(n)]
+    joined = ", ".join(ws)
+    return f"names = [{joined}]\nsame = [{joined}]\n"
+
+
 def synth_code_rows(tokenizer: Any, n_rows: int, seq_len: int, seed: int = 0,
-                    words: Sequence[str] = TRAIN_WORDS) -> np.ndarray:
-    """Documents tokenized and packed back to back (EOS between) into int32 [n_rows, seq_len + 1]."""
+                    words: Sequence[str] = TRAIN_WORDS, drill_share: float = 0.5) -> np.ndarray:
+    """Documents (programs, and copy drills with probability `drill_share`) tokenized and packed back
+    to back (EOS between) into int32 [n_rows, seq_len + 1]."""
     rng = random.Random(seed)
     need = n_rows * (seq_len + 1)
     eos = getattr(tokenizer, "eos_id", None)
     ids: list[int] = []
     while len(ids) < need:
-        ids.extend(tokenizer.encode(synth_program(rng, words)))
+        doc = copy_drill(rng, words) if rng.random() < drill_share else synth_program(rng, words)
+        ids.extend(tokenizer.encode(doc))
         if eos is not None:
             ids.append(int(eos))
     return np.asarray(ids[:need], np.int32).reshape(n_rows, seq_len + 1)
