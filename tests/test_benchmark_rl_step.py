@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from _envs_common import needs_bwrap
 
-pytestmark = needs_bwrap
+pytestmark = [needs_bwrap, pytest.mark.slow]  # ~50 s of compiling: run with -m slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
