@@ -170,11 +170,13 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     engine_params = state.params
     ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=int(rl["keep_checkpoints"]), async_save=False)
     start = 0
-    tree = {"train": state.to_tree(), "engine_params": engine_params}
+    # {step, params, opt_state} as every stage's checkpoint (restore_params reads 'params'), plus the
+    # weights the engine holds (they lag the learner's when rl.max_staleness > 0).
+    tree = dict(state.to_tree(), engine_params=engine_params)
     got = ckpt.restore_latest(tree)
     if got is not None:
         start, tree, loader_state, _ = got
-        state = state.replace_tree(tree["train"])
+        state = state.replace_tree(tree)
         engine_params = tree["engine_params"]
         stream.load_state(loader_state["stream"])
         version, engine_version = int(loader_state["version"]), int(loader_state["engine_version"])
@@ -208,7 +210,7 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
             logger.log("train", step + 1, m)
             bar.update(1, reward=m.get("reward/total", float("nan")), pass_rate=m.get("pass_rate", float("nan")))
             if (step + 1) % int(rl["ckpt_every"]) == 0 or step + 1 == steps:
-                ckpt.save(step + 1, {"train": state.to_tree(), "engine_params": engine_params},
+                ckpt.save(step + 1, dict(state.to_tree(), engine_params=engine_params),
                           loader_state={"stream": stream.state(), "version": version, "engine_version": engine_version},
                           meta={"seed": seed})
     finally:
