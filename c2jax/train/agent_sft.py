@@ -220,6 +220,8 @@ def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     if os.path.exists(done) and ckpt.all_steps():  # finished earlier: reuse
         with open(done) as f:
             summary = json.load(f)
+        # Reused (a second seed): run_stages records this call's own wall time.
+        summary = dict(summary, reused=True, first_build_wall_time_s=summary.pop("wall_time_s", None))
         ckpt.close()
         return dict(prev, checkpoint_dir=os.path.join(out_dir, "checkpoints"), tokenizer=tokenizer), summary
     if not prev.get("checkpoint_dir"):
