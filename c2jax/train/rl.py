@@ -51,6 +51,22 @@ def resolved_rl(config: Any) -> dict:
     return out
 
 
+def stage_setup(config: Any, workdir: str, prev: dict, name: str) -> tuple[dict, int, str, Any, Any]:
+    """(resolved rl section, seed, the stage's output dir, tokenizer, model config) for a stage that
+    runs the policy in the harness (rl, sft_matched); checks rl.max_len against the model."""
+    from c2jax.train.pretrain import base_model_config, load_data
+
+    rl = resolved_rl(config)
+    out_dir = os.path.join(workdir, name)
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer = prev.get("tokenizer") or load_data(config, workdir).tokenizer()
+    cfg = base_model_config(config)
+    if int(rl["max_len"]) > cfg.max_position_embeddings:
+        raise ConfigError([("rl.max_len", f"{rl['max_len']} > model.max_position_embeddings "
+                            f"({cfg.max_position_embeddings})")])
+    return rl, int(config.get("seed", 0)), out_dir, tokenizer, cfg
+
+
 def initial_params(config: Any, rl: dict, prev: dict, cfg: Any):
     from c2jax.train.checkpoint import Checkpointer
     from c2jax.train.pretrain import init_params
@@ -131,7 +147,6 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.sampling import Engine, EngineConfig
     from c2jax.train.checkpoint import Checkpointer
     from c2jax.train.metrics import MetricsLogger, Progress
-    from c2jax.train.pretrain import base_model_config, load_data
     from c2jax.train.rl_family import ensure_family, load_split, make_harness
     from c2jax.train.rl_learner import make_learner
     from c2jax.train.rl_report import write_report
@@ -139,15 +154,7 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.train.rl_tasks import TaskStream
     from c2jax.train.state import TrainState
 
-    rl = resolved_rl(config)
-    seed = int(config.get("seed", 0))
-    out_dir = os.path.join(workdir, "rl")
-    os.makedirs(out_dir, exist_ok=True)
-    tokenizer = prev.get("tokenizer") or load_data(config, workdir).tokenizer()
-    cfg = base_model_config(config)
-    if int(rl["max_len"]) > cfg.max_position_embeddings:
-        raise ConfigError([("rl.max_len", f"{rl['max_len']} > model.max_position_embeddings "
-                            f"({cfg.max_position_embeddings})")])
+    rl, seed, out_dir, tokenizer, cfg = stage_setup(config, workdir, prev, "rl")
     t_stage = time.time()
     fam = ensure_family(config)
     train_tasks, eval_tasks = load_split(fam, "train"), load_split(fam, "eval")[: int(rl["eval"]["n_tasks"])]

@@ -43,17 +43,11 @@ def validate_sft_matched(check: Checker, section: Any, full: Any) -> None:
 
 def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.train.agent_sft import demo_trajectories, resolve, train_on_demos
-    from c2jax.train.pretrain import base_model_config, load_data
-    from c2jax.train.rl import eval_command, evaluate, initial_params, resolved_rl, save_policy
+    from c2jax.train.rl import eval_command, evaluate, initial_params, save_policy, stage_setup
     from c2jax.train.rl_family import ensure_family, load_split
 
     c = dict(SFT_MATCHED_DEFAULTS, **_plain(config.get("sft_matched")))
-    rl = resolved_rl(config)
-    seed = int(config.get("seed", 0))
-    out_dir = os.path.join(workdir, "sft_matched")
-    os.makedirs(out_dir, exist_ok=True)
-    tokenizer = prev.get("tokenizer") or load_data(config, workdir).tokenizer()
-    cfg = base_model_config(config)
+    rl, seed, out_dir, tokenizer, cfg = stage_setup(config, workdir, prev, "sft_matched")
     fam = ensure_family(config)
     params0 = initial_params(config, rl, prev, cfg)
     trajs = demo_trajectories(config, fam, tokenizer, "train", int(rl["tasks"]["n_train"]))
