@@ -12,6 +12,12 @@ checkpoint's, ``--tokenizer PATH``, or a byte-level BPE trained in-process on a 
 (deterministic; only prompt lengths depend on it). Tasks: toyfix at difficulty 1 (``--difficulty``),
 built once and cached under ``--tasks-dir``.
 
+Baseline: there is no external system computing the same thing (no other RL step runs this harness,
+engine and grader), so no speed ratio against another implementation is claimed. Every figure is
+an absolute rate of this code on this machine, and the scaling ratios compare cells of the SAME
+step function with the same model, engine slots and harness settings; only group size and tasks
+per step differ between them.
+
 Then, for every (group_size, tasks_per_step) cell of the grid: 1 warm-up step, then ``--steps``
 timed steps. A timed step during which JAX compiled anything (a new engine attention window or
 prefill bucket, a new learner row bucket) is reported separately and replaced by another step, up
