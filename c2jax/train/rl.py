@@ -269,11 +269,19 @@ def eval_summary(before: dict, after: dict, rl: dict, seed: int) -> dict:
         out[f"mean_tool_calls_{tag}"] = res.get("mean_tool_calls")
     out["wellformed"] = {f"pass_at_1_wellformed_{tag}": wellformed_pass_rate(ev["rows"])
                          for tag, ev in (("before", before), ("after", after))}
+    for tag, ev in (("before", before), ("after", after)):
+        out[f"median_tool_calls_resolved_{tag}"] = median_tool_calls_resolved(ev["rows"])
     for kk in (1, k):
         d = paired_bootstrap_diff(before["rows"], after["rows"], kk, seed=seed)
         out[f"pass_at_{kk}_diff_ci"] = {"lo": d["lo"], "hi": d["hi"]}
         out[f"pass_at_{kk}_diff"] = d["mean"]
     return out
+
+
+def median_tool_calls_resolved(rows: list) -> float | None:
+    """Median tool calls of the resolved samples (the family needs reading before editing: >= 2)."""
+    calls = [float(s.get("tool_calls") or 0) for r in rows for s in r["samples"] if s.get("resolved")]
+    return float(np.median(calls)) if calls else None
 
 
 def wellformed_pass_rate(rows: list) -> float | None:
