@@ -83,6 +83,7 @@ class WeightPublisher:
         self.store = open_store(store)
         self.full_every, self.keep_full, self.replace_newer = full_every, keep_full, replace_newer
         self._compressor = zstandard.ZstdCompressor(level=int(level), threads=int(threads))
+        self._device_copy = jax.jit(self._copy_leaves)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="c2jax-weight-publish")
         self._slots = threading.BoundedSemaphore(max_pending)
         self._lock = threading.Lock()
@@ -115,7 +116,7 @@ class WeightPublisher:
                                         f"upload {self._last_version}: {why}")
         if self._last_version is None:
             self._check_store(version)
-        snapshot = {p: self._snapshot(x) for p, x in flat.items()}
+        snapshot = self._snapshot(flat)
         full = self._uploads % self.full_every == 0
         self._signature, self._last_version = sig, version
         self._uploads += 1
@@ -160,14 +161,28 @@ class WeightPublisher:
             return self.wire_dtype
         return dt
 
-    def _snapshot(self, x: Any) -> Any:
-        """A copy of leaf `x` the trainer cannot touch any more (cast to the wire dtype)."""
-        wire = self._wire_of(x.dtype)
-        if isinstance(x, jax.Array):
-            y = x.astype(wire) if wire != np.dtype(x.dtype) else jnp.copy(x)  # device-side, async
-            y.copy_to_host_async()
-            return y
-        return np.array(x, dtype=wire, copy=True, order="C")
+    def _snapshot(self, flat: dict) -> dict:
+        """Copies of every leaf the trainer cannot touch any more, cast to the wire dtype: numpy leaves
+        copied on host; jax leaves copied on device by ONE jitted call (async, a single dispatch), then
+        their transfer to host started."""
+        out = {p: np.array(x, dtype=self._wire_of(x.dtype), copy=True, order="C")
+               for p, x in flat.items() if not isinstance(x, jax.Array)}
+        paths = [p for p, x in flat.items() if isinstance(x, jax.Array)]
+        if paths:
+            leaves = [flat[p] for p in paths]
+            try:
+                copies = self._device_copy(leaves)
+            except ValueError:  # leaves committed to different devices: one dispatch per leaf
+                copies = [self._device_copy([x])[0] for x in leaves]
+            for p, y in zip(paths, copies):
+                y.copy_to_host_async()
+                out[p] = y
+        return {p: out[p] for p in flat}
+
+    def _copy_leaves(self, leaves: list) -> list:
+        """Traced by `jax.jit`: a fresh buffer per leaf (``jnp.copy`` is never forwarded as the input)."""
+        return [x.astype(self._wire_of(x.dtype)) if self._wire_of(x.dtype) != np.dtype(x.dtype) else jnp.copy(x)
+                for x in leaves]
 
     def _check_store(self, version: int) -> None:
         """A new publisher must not interleave with newer versions a previous run left in the store."""
