@@ -90,6 +90,8 @@ def _rl(**over) -> dict:
         curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
         tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=512, seed=0),
         eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32),
+        services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
+                      eval_every=0, health_check_s=5.0),
     )
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(rl.get(k), dict) and k != "rewards":

@@ -8,8 +8,9 @@
 A `WeightPublisher` is anything with those three methods. `EnginePublisher` uses the sampling
 engine's own `update_weights(params, version)` (thread-safe, applied between two decode steps; with
 ``recompute_cache_on_update`` in-flight sequences keep going and their later tokens carry the new
-version). A weight store with a non-blocking ``publish(params, version)`` only has to add
-``live_version`` (the version its subscribers have applied).
+version). ``EnginePublisher(engine, sync=WeightSync(engine, {"mode": "delta"}))`` routes the
+weights through the compressed-delta store instead (`c2jax.sync.engine_sync.WeightSync`, whose
+``publish`` is non-blocking too); ``live_version`` is still read from the engine.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ class WeightPublisher(Protocol):
 class EnginePublisher:
     """`WeightPublisher` over `c2jax.sampling.Engine.update_weights` (see module docstring)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, sync: Any = None) -> None:
         self.engine = engine
+        self.sync = sync  # anything with a non-blocking publish(params, version); None = update_weights
         self.published: int = int(engine.version)
         self.publish_s: float = 0.0  # time the trainer spent inside publish (should stay ~0)
 
@@ -38,7 +40,10 @@ class EnginePublisher:
             raise ValueError(f"publish: version {version} is older than the last published ({self.published})")
         t0 = time.monotonic()
         self.engine.start()  # the background loop applies the update even when nothing is generating
-        self.engine.update_weights(params, int(version))
+        if self.sync is not None:
+            self.sync.publish(params, int(version))
+        else:
+            self.engine.update_weights(params, int(version))
         self.published = int(version)
         self.publish_s += time.monotonic() - t0
 

@@ -288,8 +288,8 @@ class AsyncRL:
                 kind, slot, fut = self.events.get_nowait()
                 if kind == "eval":
                     self._on_eval(slot, fut)
+            self.rec.drain("run_ended")  # only on a normal end: after a crash the checkpoint's ledger rules
         finally:
-            self.rec.drain("run_ended")
             self.wall_s = time.monotonic() - t_start
         return state, version
 
