@@ -26,6 +26,9 @@ parameters — is the same). Data: a fixed-seed synthetic token stream with lear
    ``block_until_ready`` of the new state. Printed: the median of ``--ab-repeats`` (>= 5) steps per
    arm, their ratio, and whether it is within the 10% budget.
 
+Compiles (one train step per optimizer and learning rate) dominate the run time on CPU; they are
+kept in a JAX persistent compilation cache (``--compile-cache``), so a rerun starts timing at once.
+
 Every figure is printed by this script. The machine's load average is printed with the timings:
 timings taken on a shared (contended) machine are labelled as such and must be re-measured on an
 idle one before they are quoted. On a GPU trainer the step runs on the accelerator and the
@@ -71,6 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ab-repeats", type=int, default=7, help="timed steps per arm of the A/B (>= 5)")
     ap.add_argument("--ab-block", type=int, default=1, help="consecutive steps per arm before switching")
     ap.add_argument("--out", default="runs/bench/weight_deltas.json")
+    ap.add_argument("--compile-cache", default=os.path.join("runs", "cache", "jax_bench_weight_deltas"),
+                    help="JAX persistent compilation cache dir ('' = off): a rerun loads the train steps "
+                         "instead of compiling them (minutes on a busy 2-core machine)")
     ap.add_argument("--dry-run", action="store_true", help="tiny smoke shape for tests (numbers meaningless)")
     a = ap.parse_args(argv)
     if a.dry_run:
@@ -191,6 +197,10 @@ def ab_step_time(args) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.compile_cache:
+        jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.compile_cache))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     cores = os.cpu_count() or 1
     print(f"# weight_deltas: model {args.model} (CPT train step, not the RL learner), batch {args.batch} x {args.seq}, "
           f"wire dtype bfloat16, zstd level {args.level}; jax {jax.__version__} on {jax.default_backend()}")
