@@ -48,6 +48,9 @@ from kernels_pallas.quant import reference as qref, triton_quant  # noqa: E402
 
 NO_GPU = "not run: no GPU"
 KIMI = {"experts_per_device": 8, "hidden": 7168, "moe_ff": 2048}   # c2jax.model preset('kimi_k2')
+SWEEP_TOKENS = 2048
+QUANT_SHAPE = (16384, 7168)
+INTERPRET = False  # --simulate-on-cpu: the GPU sections' code on CPU in interpret mode (plumbing only)
 SWEEP = {  # Triton tile configs tried at one shape; the fastest is used for the table
     "plain": [triton_gmm.TileConfig(128, 64, 128, 8, 3), triton_gmm.TileConfig(128, 64, 256, 8, 3),
               triton_gmm.TileConfig(64, 64, 128, 4, 4)],
@@ -85,6 +88,15 @@ def device_facts(on_gpu: bool) -> dict:
         q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit",
                             "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
         facts["nvidia_smi"] = q.stdout.strip() or q.stderr.strip()
+    if on_gpu:  # this machine's ceilings: an 8192^3 bf16 matmul and a device-to-device copy
+        a = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.bfloat16)
+        mm = perf.time_repeats(lambda: jax.block_until_ready(jnp.dot(a, a)), repeats=10, warmup=3).median
+        big = jnp.ones((2 ** 30,), jnp.float32)
+        cp = jax.jit(lambda v: v + 0.0)
+        sec = perf.time_repeats(lambda: jax.block_until_ready(cp(big)), repeats=10, warmup=3).median
+        facts["measured_bf16_matmul_tflops"] = round(2 * 8192 ** 3 / mm / 1e12, 1)
+        facts["measured_copy_tbs_read_plus_write"] = round(2 * 4 * 2 ** 30 / sec / 1e12, 2)
+        del a, big
     kind = dev.device_kind if on_gpu else "H200 (datasheet, for the skeleton)"
     facts["peaks"] = {"bf16_tflops": perf.datasheet_peak_tflops(kind, "bf16"),
                       "fp8_tflops": perf.datasheet_peak_tflops(kind, "fp8_blockwise"),
@@ -93,25 +105,30 @@ def device_facts(on_gpu: bool) -> dict:
 
 
 # ------------------------------------------------------------------ grouped matmul speed
-def _gmm_candidates(x, w, gs, cfgs):
-    """name -> (fn, args, MMA precision for the peak) at one shape; operands quantised up front."""
-    bf = jnp.bfloat16
+def _quantised(x, w) -> dict:
+    """The FP8-blockwise and MXFP8 operands of one shape (jitted reference quantisers, outside timing)."""
     e4 = lambda c: jax.lax.bitcast_convert_type(c, jnp.float8_e4m3fn)  # noqa: E731
-    qa, qw = qref.quantize(x, "fp8_blockwise", 1), qref.quantize(w, "fp8_blockwise", 1, tile=(128, 128))
-    ma, mw = qref.quantize(x, "mxfp8_e4m3", 1), qref.quantize(w, "mxfp8_e4m3", 1)
-    fp8 = (e4(qa.data), qa.scales, e4(qw.data), qw.scales)
-    mx = (e4(ma.data), ma.scales, e4(mw.data), mw.scales)
+    qa, qw = api.quantize(x, "fp8_blockwise", 1, impl="xla"), api.quantize(w, "fp8_blockwise", 1, impl="xla", tile=(128, 128))
+    ma, mw = api.quantize(x, "mxfp8_e4m3", 1, impl="xla"), api.quantize(w, "mxfp8_e4m3", 1, impl="xla")
+    return {"fp8": (e4(qa.data), qa.scales, e4(qw.data), qw.scales),
+            "mx": (e4(ma.data), ma.scales, e4(mw.data), mw.scales)}
+
+
+def _gmm_candidates(x, w, gs, q, cfgs):
+    """name -> (fn, args, MMA precision for the peak) at one shape."""
+    bf = jnp.bfloat16
     tri = lambda kind, cfg: jax.jit(lambda a, sa, b, sb, g: triton_gmm.gmm(  # noqa: E731
-        (a, sa), (b, sb), g, kind=kind, out_dtype=bf, config=cfg))
+        (a, sa), (b, sb), g, kind=kind, out_dtype=bf, config=cfg, interpret=INTERPRET))
     return {
         "ragged_dot bf16 (XLA baseline)": (jax.jit(lambda a, b, g: jax.lax.ragged_dot(a, b, g, preferred_element_type=bf)),
                                            (x, w, gs), "bf16"),
         "triton bf16": (jax.jit(lambda a, b, g: triton_gmm.gmm((a,), (b,), g, kind="plain", out_dtype=bf,
-                                                               config=cfgs["plain"])), (x, w, gs), "bf16"),
-        "triton fp8_blockwise": (tri("fp8bw", cfgs["fp8bw"]), (*fp8, gs), "fp8_blockwise"),
-        "triton mxfp8 (BF16 MMA)": (tri("mx", cfgs["mx"]), (*mx, gs), "mxfp8"),
+                                                               config=cfgs["plain"], interpret=INTERPRET)),
+                        (x, w, gs), "bf16"),
+        "triton fp8_blockwise": (tri("fp8bw", cfgs["fp8bw"]), (*q["fp8"], gs), "fp8_blockwise"),
+        "triton mxfp8 (BF16 MMA)": (tri("mx", cfgs["mx"]), (*q["mx"], gs), "mxfp8"),
         "mosaic hopper fp8_blockwise": (jax.jit(lambda a, sa, b, sb, g: hopper.fp8_blockwise_gmm_hopper(
-            a, sa, jnp.swapaxes(b, 1, 2), sb, g, out_dtype=bf)), (*fp8, gs), "fp8_blockwise"),
+            a, sa, jnp.swapaxes(b, 1, 2), sb, g, out_dtype=bf)), (*q["fp8"], gs), "fp8_blockwise"),
     }
 
 
@@ -130,11 +147,12 @@ def sweep_tiles(timer: Timer, dry: bool) -> tuple[dict, list]:
     rows = []
     if dry:
         return best, [row("gmm", "tile sweep (kimi up/gate, 2048 tok/expert)", NO_GPU)]
-    x, w, gs = _operands(2048, KIMI["hidden"], KIMI["moe_ff"], dry)
+    x, w, gs = _operands(SWEEP_TOKENS, KIMI["hidden"], KIMI["moe_ff"], dry)
+    q = _quantised(x, w)
     for kind, cfgs in SWEEP.items():
         times = {}
         for cfg in cfgs:
-            cands = _gmm_candidates(x, w, gs, {**best, kind: cfg})
+            cands = _gmm_candidates(x, w, gs, q, {**best, kind: cfg})
             name = {"plain": "triton bf16", "fp8bw": "triton fp8_blockwise", "mx": "triton mxfp8 (BF16 MMA)"}[kind]
             fn, args, _ = cands[name]
             try:
@@ -155,7 +173,7 @@ def bench_gmm(timer: Timer, device_kind: str, tokens: list, cfgs: dict, dry: boo
     for label, k, n in shapes:
         for t in tokens:
             x, w, gs = _operands(t, k, n, dry)
-            cands = _gmm_candidates(x, w, gs, cfgs) if not dry else {name: (None, None, prec) for name, prec in (
+            cands = _gmm_candidates(x, w, gs, _quantised(x, w), cfgs) if not dry else {name: (None, None, prec) for name, prec in (
                 ("ragged_dot bf16 (XLA baseline)", "bf16"), ("triton bf16", "bf16"),
                 ("triton fp8_blockwise", "fp8_blockwise"), ("triton mxfp8 (BF16 MMA)", "mxfp8"),
                 ("mosaic hopper fp8_blockwise", "fp8_blockwise"))}
@@ -188,13 +206,14 @@ def bench_gmm(timer: Timer, device_kind: str, tokens: list, cfgs: dict, dry: boo
 
 
 # ------------------------------------------------------------------ quantiser bandwidth
-def bench_quant(timer: Timer, device_kind: str, dry: bool, m: int = 16384, k: int = 7168) -> list:
+def bench_quant(timer: Timer, device_kind: str, dry: bool) -> list:
+    m, k = QUANT_SHAPE
     rows = []
     hbm = perf.datasheet_hbm_tbs(device_kind)
     x = None if dry else jax.random.normal(jax.random.key(0), (m, k), jnp.bfloat16)
     write = {"mxfp8_e4m3": 1 + 1 / 32, "mxfp8_e5m2": 1 + 1 / 32, "nvfp4_per_token": 0.5 + 1 / 16 + 4 / k}
     for fmt in triton_quant.FORMATS:
-        for impl in ("xla", "triton"):
+        for impl in ("xla", "triton_interpret" if INTERPRET else "triton"):
             name = f"{fmt} x=({m}, {k}) bf16 [{impl}]"
             if dry:
                 rows.append(row("quant", name, NO_GPU, unit="GB/s"))
@@ -208,7 +227,7 @@ def bench_quant(timer: Timer, device_kind: str, dry: bool, m: int = 16384, k: in
             share = gbs / (hbm * 1e3) if hbm else None
             rows.append(row("quant", name, "measured", round(gbs, 1), "GB/s",
                             f"{1e3 * sec:.3f} ms; " + (f"{100 * share:.1f}% of HBM {hbm} TB/s" if share else "HBM unknown")))
-            if impl == "triton" and share is not None:
+            if impl != "xla" and share is not None:
                 rows.append(row("aims", f"quantiser {fmt} >= 60% of HBM bandwidth", "pass" if share >= 0.6 else "fail",
                                 round(share, 3), "share of HBM"))
         if dry:
@@ -288,6 +307,9 @@ def parse_args(argv=None):
     ap.add_argument("--tokens", default="512,2048,8192", help="tokens per expert for the gmm table")
     ap.add_argument("--repeats", type=int, default=perf.MIN_REPEATS)
     ap.add_argument("--skip-model", action="store_true", help="skip the small-model train/decode rows")
+    ap.add_argument("--simulate-on-cpu", action="store_true",
+                    help="plumbing smoke test: run the GPU sections' code on CPU in interpret mode at toy shapes "
+                         "(numbers meaningless; nothing is recorded)")
     args = ap.parse_args(argv)
     try:
         args.tokens = [int(t) for t in args.tokens.split(",") if t]
@@ -305,10 +327,16 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     on_gpu = jax.devices()[0].platform == "gpu" and not args.dry_run
     dry = not on_gpu
+    if args.simulate_on_cpu:
+        global KIMI, SWEEP_TOKENS, QUANT_SHAPE, INTERPRET
+        KIMI, SWEEP_TOKENS, QUANT_SHAPE, INTERPRET = {"experts_per_device": 2, "hidden": 256, "moe_ff": 128}, 64, (64, 256), True
+        for kind in SWEEP:
+            SWEEP[kind] = [triton_gmm.TileConfig(32, 128 if kind == "fp8bw" else 32, 32, 4, 2)]
+        dry = False
     facts = device_facts(on_gpu)
     print(f"[gpu_kit] device {facts['device_kind']} ({facts['platform']}), jax {facts['jax']}; "
-          f"{'GPU run' if on_gpu else 'dry run (CPU part only)'}", flush=True)
-    rows, results = checks.run_checks(on_gpu)
+          f"{'GPU run' if on_gpu else 'CPU simulation of the GPU sections' if args.simulate_on_cpu else 'dry run (CPU part only)'}", flush=True)
+    rows, results = ([], {}) if args.simulate_on_cpu else checks.run_checks(on_gpu)
     if dry:
         rows += [row("correctness", f"gmm_{p} fwd+dgrad+wgrad [triton, compiled]", NO_GPU) for p in api.PRECISIONS]
         rows += [row("correctness", f"gmm_{p} [pallas: hopper.py]", NO_GPU) for p in ("fp8_blockwise", "mxfp8")]
@@ -317,20 +345,29 @@ def main(argv=None) -> int:
     print(f"[gpu_kit] checks done ({time.perf_counter() - t0:.0f} s)", flush=True)
     timer = Timer(dry, args.repeats)
     kind = facts["device_kind"]
-    cfgs, sweep_rows = sweep_tiles(timer, dry)
-    rows += sweep_rows
-    rows += bench_gmm(timer, kind, args.tokens, cfgs, dry)
-    rows += bench_quant(timer, kind, dry)
-    rows += [] if args.skip_model else bench_model(timer, dry)
+    meta = {"dry_run": dry, "command": " ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:])),
+            "complete": False, "validation_record": None, "validated": []}
+
+    def save():  # after every section, so a run cut short by the time limit still reports
+        meta["wall_s"] = time.perf_counter() - t0
+        return write_report(args.out, facts, rows, meta)
+
     record = None
-    if on_gpu and results:
+    if on_gpu and results and not args.simulate_on_cpu:  # the record first: it only depends on the correctness checks
         record = str(gpu_validation.write(results, kind, args.record))
         os.makedirs(args.out, exist_ok=True)
         shutil.copy(record, os.path.join(args.out, "kernel_validation.json"))
-    meta = {"dry_run": dry, "command": " ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:])),
-            "wall_s": time.perf_counter() - t0, "validation_record": record,
-            "validated": sorted(k for k, v in results.items() if v["passed"])}
-    jpath, mpath = write_report(args.out, facts, rows, meta)
+        meta.update(validation_record=record, validated=sorted(k for k, v in results.items() if v["passed"]))
+    save()
+    cfgs, sweep_rows = sweep_tiles(timer, dry)
+    rows += sweep_rows
+    rows += bench_gmm(timer, kind, args.tokens, cfgs, dry)
+    save()
+    rows += bench_quant(timer, kind, dry)
+    save()
+    rows += [] if args.skip_model else bench_model(timer, dry)
+    meta["complete"] = True
+    jpath, mpath = save()
     bad = [r for r in rows if r["status"] == "fail" or r["status"].startswith("error")]
     for r in rows:
         print(f"  [{r['section']}] {r['name']}: {r['status']}" + (f" {r['value']} {r['unit']}" if r["value"] is not None else ""))
