@@ -62,13 +62,32 @@ ROWS = {  # name -> (side, description, computes the same as torch eager)
     "torch": ("torch", "transformers eager (defaults: sdpa, default experts impl)", True),
     "torch-compile": ("torch", "transformers + torch.compile (inductor)", True),
 }
+# Same-process A/B of model code paths: row "jax-dropless@NAME" traces the step with the module
+# attribute set to the value (restored after compiling). Each is the same computation.
+VARIANTS = {
+    "gather-autodiff": ("c2jax.model.moe_impls", "TILED_CUSTOM_VJP", False),  # before the tile custom VJP
+    "ragged": ("c2jax.model.moe_impls", "DROPLESS_LOWERING", "ragged"),  # jax.lax.ragged_dot lowering
+}
+
+
+def row_spec(row: str) -> tuple:
+    """(side, description, same computation as torch eager) of a row name, variants included."""
+    base, _, variant = row.partition("@")
+    if base not in ROWS or (variant and (not base.startswith("jax") or variant not in VARIANTS)):
+        raise KeyError(row)
+    side, desc, same = ROWS[base]
+    return side, desc + (f" [variant {variant}: {VARIANTS[variant][1]}={VARIANTS[variant][2]!r}]" if variant else ""), same
+
+
 GRAD_RTOL = 1e-4
 
 
 # ---- steppers: one object per row, .step() -> loss, .grad_norm() after a step ----------------------
 
 class JaxStep:
-    def __init__(self, ckpt: str, impl: str, tokens: np.ndarray):
+    def __init__(self, ckpt: str, impl: str, tokens: np.ndarray, variant: str = ""):
+        import importlib
+
         import jax
         import jax.numpy as jnp
 
@@ -85,7 +104,18 @@ class JaxStep:
             logits, tgt = out["logits"][:, :-1], tok[:, 1:]  # [B, S-1, V], [B, S-1]
             nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0]
             return jnp.mean(nll), jnp.mean(out["dropped_fraction"])
-        self.fn = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        lowered = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        if variant:
+            mod, attr, value = VARIANTS[variant]
+            mod = importlib.import_module(mod)
+            old = getattr(mod, attr)
+            setattr(mod, attr, value)
+            try:
+                self.fn = lowered.lower(self.params, self.tokens).compile()
+            finally:
+                setattr(mod, attr, old)
+        else:
+            self.fn = lowered.lower(self.params, self.tokens).compile()
         self.grads = None
         self.dropped = 0.0
 
@@ -135,11 +165,12 @@ class TorchStep:
 
 
 def make_step(row: str, ckpt: str, tokens: np.ndarray):
-    if row == "jax-dropless":
-        return JaxStep(ckpt, "dropless", tokens)
-    if row == "jax-capacity":
-        return JaxStep(ckpt, "capacity", tokens)
-    return TorchStep(ckpt, tokens, compile_model=(row == "torch-compile"))
+    base, _, variant = row.partition("@")
+    if base == "jax-dropless":
+        return JaxStep(ckpt, "dropless", tokens, variant)
+    if base == "jax-capacity":
+        return JaxStep(ckpt, "capacity", tokens, variant)
+    return TorchStep(ckpt, tokens, compile_model=(base == "torch-compile"))
 
 
 # ---- setup, parity gate, timing modes -----------------------------------------------------------
@@ -170,8 +201,8 @@ def check_parity(rows: list[str], steps: dict, loss_rtol: float) -> dict:
     bad = []
     for r, (loss, gn) in got.items():
         dl, dg = abs(loss - ref_loss) / abs(ref_loss), abs(gn - ref_gn) / ref_gn
-        same = ROWS[r][2]
-        print(f"parity {r:14s} loss {loss:.7f} (rel diff {dl:.1e})  grad norm {gn:.6f} (rel diff {dg:.1e})"
+        same = row_spec(r)[2]
+        print(f"parity {r:28s} loss {loss:.7f} (rel diff {dl:.1e})  grad norm {gn:.6f} (rel diff {dg:.1e})"
               f"{'' if same else '  [different computation: not gated]'}")
         if same and (dl > loss_rtol or dg > GRAD_RTOL):
             bad.append(r)
@@ -229,26 +260,26 @@ def report(mode: str, results: dict, cfg, batch: int, seq: int, peak: float) -> 
     print(f"\n== {mode}: step seconds (median [min, max; IQR] of n), tokens/s, MFU, torch eager / row ==")
     for r, v in results.items():
         if "times" not in v:
-            print(f"{r:14s} FAILED: {v.get('error')}")
+            print(f"{r:28s} FAILED: {v.get('error')}")
             continue
         st = perf.Stats(tuple(v["times"]))
         dropped = v.get("info", {}).get("dropped_fraction", 0.0)
         rows_kept = batch * seq * cfg.moe.top_k * (1.0 - dropped)
         flops = perf.train_step_flops(cfg, batch, seq, expert_rows=rows_kept)
         ratio = f"{base / st.median:5.2f}x" if base else "  -  "
-        label = "" if ROWS[r][2] else f"  [drops {dropped:.1%} of assignments: not the same computation]"
-        print(f"{r:14s} {st.spread()}  {n_tok / st.median:8.0f} tok/s  MFU {perf.mfu(flops, st.median, peak):6.1%}"
+        label = "" if row_spec(r)[2] else f"  [drops {dropped:.1%} of assignments: not the same computation]"
+        print(f"{r:28s} {st.spread()}  {n_tok / st.median:8.0f} tok/s  MFU {perf.mfu(flops, st.median, peak):6.1%}"
               f"  {ratio}{label}")
 
 
 def print_profile(step: JaxStep, batch: int, seq: int) -> None:
-    from xla_profile import profile_jitted
+    from xla_profile import profile_compiled
 
     f = perf.forward_flops(step.cfg, batch, seq)
     print("\n== profile: jax-dropless fwd+bwd (jax.profiler trace, executed HLO thunks) ==")
     print("model FLOPs per component (x3 for fwd+bwd): " + ", ".join(
         f"{k} {v / f['total']:.1%}" for k, v in f.items() if k != "total" and v))
-    prof = profile_jitted(step.fn, (step.params, step.tokens), calls=3)
+    prof = profile_compiled(step.fn, (step.params, step.tokens), calls=3)
     print(f"summed thunk time {prof['total_ms_per_call']:.1f} ms per call; by kind of work:")
     for share, ms, kind in prof["by_kind"]:
         print(f"  {kind:16s} {share:6.1%}  {ms:8.1f} ms")
@@ -264,7 +295,8 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=perf.MIN_REPEATS)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rows", default="jax-dropless,jax-capacity,torch,torch-compile",
-                    help=f"comma list of {list(ROWS)}")
+                    help=f"comma list of {list(ROWS)}; a jax row may add @VARIANT ({list(VARIANTS)}) "
+                         "for a same-process A/B of a model code path")
     ap.add_argument("--modes", default="alone,interleaved", help="comma list of alone, interleaved (or none)")
     ap.add_argument("--profile", action="store_true", help="trace the jax-dropless step and print where time goes")
     ap.add_argument("--loss-rtol", type=float, default=1e-6)
@@ -274,10 +306,16 @@ def parse_args(argv=None):
     ap.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     rows = [r for r in args.rows.split(",") if r]
-    unknown = [r for r in rows if r not in ROWS]
+    unknown = []
+    for r in rows:
+        try:
+            row_spec(r)
+        except KeyError:
+            unknown.append(r)
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     if unknown:
-        ap.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}")
+        ap.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}, jax rows may add @VARIANT "
+                 f"with VARIANT in {list(VARIANTS)}")
     if any(m not in ("alone", "interleaved") for m in modes):
         ap.error(f"--modes must list alone and/or interleaved (or none), got {args.modes!r}")
     if args.batch < 1 or args.seq < 2:
@@ -336,7 +374,7 @@ def main(argv=None) -> int:
         if "alone" in args.mode_list:
             res = time_alone(args.row_list, d, args)
             for r, v in res.items():  # each worker's own loss against the gate's torch eager loss
-                if "loss" in v and ROWS[r][2] and abs(v["loss"] - ref_loss) > args.loss_rtol * abs(ref_loss):
+                if "loss" in v and row_spec(r)[2] and abs(v["loss"] - ref_loss) > args.loss_rtol * abs(ref_loss):
                     v["error"] = f"parity: loss {v['loss']} disagrees with torch eager {ref_loss}"
                     v.pop("times")
             report("alone (one subprocess per row)", res, cfg, args.batch, args.seq, peak)

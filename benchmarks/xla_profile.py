@@ -1,8 +1,8 @@
 """Where a jitted function's time goes on the XLA CPU backend: a `jax.profiler` trace of a few calls,
 summarised per executed HLO instruction (thunk) and per kind of work.
 
-    from xla_profile import profile_jitted
-    prof = profile_jitted(jitted_fn, args, calls=3)
+    from xla_profile import profile_compiled
+    prof = profile_compiled(jax.jit(fn).lower(*args).compile(), args, calls=3)
     prof["by_kind"]   # [(share, ms per call, kind)]   kind: matmul, gather, scatter, sort, reduce, ...
     prof["top"]       # [(share, ms per call, instruction, kind, shape, op_name)]
 
@@ -70,12 +70,12 @@ def _thunk_times(xspace_path: str) -> dict[str, float]:
     return dict(totals)
 
 
-def profile_jitted(fn: Callable, args: Sequence[Any], calls: int = 3, top: int = 20) -> dict[str, list]:
-    """Trace `calls` calls of the jitted `fn(*args)` (compiled and run once first); see the module
-    docstring for the returned tables."""
+def profile_compiled(fn: Callable, args: Sequence[Any], calls: int = 3, top: int = 20) -> dict[str, list]:
+    """Trace `calls` calls of the compiled `fn(*args)` (a `jax.stages.Compiled`, run once first);
+    see the module docstring for the returned tables."""
     import jax
 
-    instrs = parse_hlo(fn.lower(*args).compile().as_text())
+    instrs = parse_hlo(fn.as_text())
     jax.block_until_ready(fn(*args))
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):

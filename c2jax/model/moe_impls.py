@@ -109,6 +109,43 @@ def _tile_rows(n_assign: int, n_experts: int) -> int:
     return int(min(128, max(8, -(-per // 8) * 8)))
 
 
+# A/B switch (read at trace time): True = `_tile_matmul` below; False = autodiff through the
+# per-tile weight gather (saves the gathered [tiles, K, F] weights of every layer for the backward).
+TILED_CUSTOM_VJP = True
+
+
+@jax.custom_vjp
+def _tile_matmul(buf: jax.Array, w: jax.Array, tile_expert: jax.Array) -> jax.Array:
+    """buf [T, R, K] times w[tile_expert] ([E, K, F] gathered per tile) -> [T, R, F].
+
+    Custom VJP: the backward re-gathers the tile weights from w instead of keeping the gathered
+    copy as a residual (with E experts and T tiles the copy is T/E times the weights, per layer),
+    and sums the per-tile weight gradients into their experts with a sorted segment sum."""
+    return jnp.einsum("trk,tkf->trf", buf, w[tile_expert].astype(buf.dtype))
+
+
+def _tile_matmul_fwd(buf, w, tile_expert):
+    return _tile_matmul(buf, w, tile_expert), (buf, w, tile_expert)
+
+
+def _tile_matmul_bwd(res, dy):
+    buf, w, tile_expert = res
+    d_buf = jnp.einsum("trf,tkf->trk", dy, w[tile_expert].astype(dy.dtype))  # [T, R, K]
+    d_wt = jnp.einsum("trk,trf->tkf", buf, dy)  # [T, K, F] per-tile weight gradient
+    d_w = jax.ops.segment_sum(d_wt, tile_expert, num_segments=w.shape[0], indices_are_sorted=True)
+    return d_buf, d_w.astype(w.dtype), None
+
+
+_tile_matmul.defvjp(_tile_matmul_fwd, _tile_matmul_bwd)
+
+
+def _tiles_times_experts(buf: jax.Array, w: jax.Array, tile_expert: jax.Array, precision: str) -> jax.Array:
+    """buf [T, R, K] times each tile's expert weights w[tile_expert] -> [T, R, F] in buf.dtype."""
+    if TILED_CUSTOM_VJP and precision == "f32":
+        return _tile_matmul(buf, w, tile_expert)
+    return batched_expert_matmul(buf, w[tile_expert], precision)
+
+
 def _tiled_swiglu(p: dict, x: jax.Array, order, token, sizes, inverse, n_experts: int, precision: str):
     """Exact grouped SwiGLU without ragged_dot: each expert's sorted rows are padded to a multiple
     of a tile, every tile belongs to one expert, and the tiles run as one batched matmul against
@@ -129,9 +166,9 @@ def _tiled_swiglu(p: dict, x: jax.Array, order, token, sizes, inverse, n_experts
                               n_experts - 1)
     x_pad = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)], axis=0)
     buf = x_pad[row_token].reshape(n_tiles, tile, d)
-    g = batched_expert_matmul(buf, p["gate_proj"][tile_expert], precision)
-    u = batched_expert_matmul(buf, p["up_proj"][tile_expert], precision)
-    out = batched_expert_matmul(jax.nn.silu(g) * u, p["down_proj"][tile_expert], precision)
+    g = _tiles_times_experts(buf, p["gate_proj"], tile_expert, precision)
+    u = _tiles_times_experts(buf, p["up_proj"], tile_expert, precision)
+    out = _tiles_times_experts(jax.nn.silu(g) * u, p["down_proj"], tile_expert, precision)
     return out.reshape(n_tiles * tile, d)[row]
 
 
