@@ -30,13 +30,11 @@ def rl_section(**over: Any) -> dict:
     from c2jax.rl.loss import resolve_rl_config
     from c2jax.rl.stage_config import resolve_stage
 
-    # The length penalty gives every group reward variance (a random tiny model never fixes the bug,
-    # so the task reward alone would make every advantage, and the update, zero).
-    rl = resolve_rl_config({"group_size": 2, "rewards": {
-        "task": {"weight": 1.0},
-        "length": {"fn": "length_penalty", "weight": 0.1, "k": 0.05, "q": 0.5,
-                   "weights": {"thinking_tokens": 1.0, "tool_call_tokens": 1.0, "tool_output_tokens": 0.0,
-                               "final_message_tokens": 1.0, "tool_calls": 10.0, "turns": 10.0}}}})
+    # A k3 KL term in the loss against a reference that differs from the initial weights (`build`)
+    # gives a non-zero update whatever the rewards (a random tiny model never fixes the bug and its
+    # episodes often have identical effort, so every advantage could be zero).
+    rl = resolve_rl_config({"group_size": 2, "rewards": {"task": {"weight": 1.0}},
+                            "kl": {"coef": 0.1, "estimator": "k3", "placement": "loss", "log_ratio_clip": 20.0}})
     rl.update(resolve_stage({"steps": 2, "tasks_per_step": 2, "max_in_flight": 4, "max_len": 1024,
                              "learning_rate": 1e-3, "replay_metrics": False}))
     rl.update(over)
@@ -70,6 +68,12 @@ class Parts:
         self.pool.close()
 
 
+@functools.lru_cache(maxsize=None)
+def reference_params():
+    """The KL reference: the initial weights scaled by 1.05 (any fixed policy other than the start)."""
+    return jax.tree_util.tree_map(lambda x: x * 1.05, tiny_model()[1])
+
+
 _LEARNERS: dict = {}
 
 
@@ -85,7 +89,7 @@ def learner_for(rl: dict) -> Any:
 
 
 def build(rl: dict, task_list: list, *, seed: int = 0, grade_fn: Any = None, max_turns: int = 2,
-          max_new_tokens: int = 24, reference: bool = False) -> Parts:
+          max_new_tokens: int = 24) -> Parts:
     """Engine (initial weights, version 0), harness, pool, learner, train state and task stream."""
     from c2jax.agent.harness import Harness, HarnessConfig
     from c2jax.agent.policies import EnginePolicy
@@ -108,7 +112,7 @@ def build(rl: dict, task_list: list, *, seed: int = 0, grade_fn: Any = None, max
     state = TrainState.create(params, learner.tx)
     pool = SandboxPool(max_concurrency=int(rl["max_in_flight"]))
     ctx = RLContext(rl=rl, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
-                    ref_params=params if reference else None, seed=seed, grade_fn=grade_fn)
+                    ref_params=reference_params(), seed=seed, grade_fn=grade_fn)
     stream = TaskStream(task_list, seed=seed, upsample_after_step=None)
     return Parts(ctx, engine, pool, state, stream, cfg, params)
 

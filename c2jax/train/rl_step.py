@@ -98,6 +98,7 @@ class LearnOutput:
     state: TrainState
     metrics: dict  # learner metrics, then diagnostics, then the staleness histogram (in that order)
     batch: dict  # the padded batch the update saw
+    logp: Any = None  # [rows, L] the learner's logprobs of batch['targets'] before the update (diagnostics)
 
 
 def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version: int) -> LearnOutput:
@@ -117,6 +118,7 @@ def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version:
                                 1.0 - batch["infra_failed"][np.clip(batch["traj_index"], 0, None)], 0.0)
     diag: dict[str, float] = {}
     logp_ref = None
+    lp_replay = None
     has_routes = "routes" in batch
     if has_routes or not rl["router_replay"]:
         lp_replay, aux_main = ctx.learner.logp(state.params, batch, replay=bool(rl["router_replay"]) and has_routes)
@@ -147,7 +149,7 @@ def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version:
     metrics.update({k: m[k] for k in m if k.startswith("adv/")})
     metrics.update({"tokens/learner": float(mask.sum()), "learner/rows": float(batch["tokens"].shape[0]),
                     "time/diagnostics_s": diag_s, "time/learner_s": learner_s})
-    return LearnOutput(state, metrics, batch)
+    return LearnOutput(state, metrics, batch, lp_replay)
 
 
 def rl_step(ctx: RLContext, state: TrainState, tasks: Sequence[Any], *, step: int, version: int,

@@ -12,7 +12,8 @@ a terminal state is never left (a second `trained` for the same id raises: that 
 sample). Going back to ``queued`` is allowed only from a non-terminal state (`requeue`: a lost
 worker's group is rolled out again under the same ids and seeds).
 
-Persistence: events are appended to ``path`` as JSON lines and replayed by `SampleLedger.load`.
+Persistence: events are appended to ``path`` as JSON lines (outcomes fsynced) and replayed by
+`SampleLedger.load`.
 For restarts the trainer also snapshots the ledger into its own checkpoint (`snapshot` /
 `from_snapshot`), so the ledger and the parameters always agree on which samples were trained.
 """
@@ -185,4 +186,5 @@ class SampleLedger:
         with open(self.path, "a") as f:
             f.write("".join(json.dumps(e) + "\n" for e in events))
             f.flush()
-            os.fsync(f.fileno())
+            if events[0]["ev"] in ("trained", "dropped", "snapshot"):  # outcomes are durable; progress is not
+                os.fsync(f.fileno())

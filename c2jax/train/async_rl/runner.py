@@ -260,8 +260,12 @@ class AsyncRL:
                             and not self.rec.admissible(self.publisher.live_version()) and self.held is None \
                             and self.rec.live_groups() >= self.steps * self.B:
                         raise RuntimeError("async rl: starved (no rollouts running, too few ready groups)")
+                # Poll fast only while a published version is on its way to the engine (admission may
+                # be waiting for it); everything else arrives as an event.
+                live = self.publisher.live_version()
+                timeout = 0.002 if live < getattr(self.publisher, "published", live) else 0.05
                 try:
-                    kind, slot, fut = self.events.get(timeout=0.002)
+                    kind, slot, fut = self.events.get(timeout=timeout)
                 except queue.Empty:
                     kind = None
                 if kind == "group":
