@@ -101,5 +101,7 @@ def test_dockerfile_support_rules():
     assert parse_dockerfile("FROM python:3.11\nRUN pip install numpy\n", {"pytest"})[1] == \
         "needs pip packages not installable offline: numpy"
     assert parse_dockerfile("FROM python:3.11\nRUN make\n", set())[1].startswith("RUN step needs a Docker build")
-    with pytest.raises(TaskFormatError, match="task.toml"):
-        convert_harbor([os.path.join(DATA, "no-such-task")], "/tmp/unused-c2jax-out")
+
+def test_missing_harbor_task_is_reported_not_raised(tmp_path):
+    tasks, unsupported = convert_harbor([os.path.join(DATA, "no-such-task")], str(tmp_path))
+    assert tasks == [] and unsupported[0]["reason"].endswith("is not a directory")

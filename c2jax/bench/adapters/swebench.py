@@ -12,7 +12,7 @@ not available offline, a missing repository or commit, Django/sympy-style test i
 duplicate instances raise TaskFormatError naming file, line (or array index) and field.
 
 Ids: a c2jax task id allows ``[A-Za-z0-9_.:+-]``; an instance id with other characters (``/``) is
-escaped reversibly (`task_id_for`: each such byte and ``+`` become ``+HH``), so
+escaped reversibly (`adapters.ids.task_id_for`: each such byte and ``+`` become ``+HH``), so
 `swebench_instance_id` gives back the exact official id (predictions.jsonl is written with it) and
 two distinct instance ids never share a task id.
 """
@@ -26,31 +26,17 @@ import subprocess
 import sys
 from typing import Any
 
+from c2jax.bench.adapters.ids import original_id, task_id_for
 from c2jax.envs.grading import diff_paths
 from c2jax.envs.tasks import (DEFAULT_PROTECTED, HiddenTests, Source, TaskFormatError, TaskRecord, TestSpec,
                               iter_jsonl, patch_stats)
 
 REQUIRED = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
-_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
-
-
-def task_id_for(instance_id: str) -> str:
-    """The c2jax task id of a SWE-bench instance id (identical unless it has characters outside
-    ``[A-Za-z0-9_.:-]``, which become ``+HH`` per UTF-8 byte; reversible, see module docstring)."""
-    return "".join(c if c in _PLAIN else "".join(f"+{b:02X}" for b in c.encode("utf-8")) for c in instance_id)
 
 
 def swebench_instance_id(task_id: str) -> str:
-    """Inverse of `task_id_for`: the official instance id of a converted task."""
-    raw, i = bytearray(), 0
-    while i < len(task_id):
-        if task_id[i] == "+":
-            raw.append(int(task_id[i + 1:i + 3], 16))
-            i += 3
-        else:
-            raw += task_id[i].encode()
-            i += 1
-    return raw.decode("utf-8")
+    """The official instance id of a converted task (inverse of `task_id_for`)."""
+    return original_id(task_id)
 
 
 def pytest_id_problem(test_ids: list[str]) -> str | None:
