@@ -167,3 +167,35 @@ def test_codec_refuses_a_delta_between_different_trees():
     b[("w",)] = np.zeros((16, 9), np.float32)
     with pytest.raises(TreeMismatchError, match="changed"):
         encode_version(b, 2, held, comp)
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_byteplanes_roundtrip(itemsize):
+    b = np.random.default_rng(itemsize).integers(0, 256, 12 * itemsize, dtype=np.uint8)
+    planes = deltas.to_byteplanes(b, itemsize)
+    assert planes.shape == b.shape and np.array_equal(deltas.from_byteplanes(planes, itemsize), b)
+    if itemsize > 1:
+        assert np.array_equal(planes[:12], b.reshape(12, itemsize)[:, 0])  # plane 0 = byte 0 of every element
+
+
+def test_byteplanes_filter_rebuilds_the_same_weights_and_shrinks_low_bit_deltas():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal(4096).astype(ml_dtypes.bfloat16)
+    u = w.view(np.uint16).copy()
+    moved = rng.random(u.size) < 0.1
+    u[moved] ^= rng.integers(1, 4, int(moved.sum())).astype(np.uint16)  # last mantissa bits flip (an lr-sized step)
+    a, b = {("w",): w}, {("w",): u.view(ml_dtypes.bfloat16)}
+    dec = zstandard.ZstdDecompressor()
+    sizes = {}
+    for planes in (False, True):
+        comp = zstandard.ZstdCompressor()
+        rec_a, _, held = encode_version(a, 1, None, comp, byteplanes=planes)
+        rec_b, st, _ = encode_version(b, 2, held, comp, byteplanes=planes)
+        got = apply_record(rec_b, apply_record(rec_a, None, dec), dec)
+        assert _bits(got.flat[("w",)]) == _bits(b[("w",)])
+        assert decode_record(rec_b)[0]["filter"] == ("byteplanes" if planes else "none")
+        sizes[planes] = st.stored_bytes
+    assert sizes[True] < sizes[False]
+    h, payload = decode_record(rec_b)
+    with pytest.raises(CorruptRecordError, match="unknown filter"):
+        apply_record(encode_record(dict(h, filter="rot13"), bytes(payload)), held, dec)

@@ -91,10 +91,14 @@ def freeze(flat: Mapping[tuple, Any]) -> dict[tuple, np.ndarray]:
     return out
 
 
+FILTERS = ("none", "byteplanes")
+
+
 def encode_version(flat: Mapping[tuple, np.ndarray], version: int, prev: Optional[Held],
-                   compressor: zstandard.ZstdCompressor) -> tuple[bytes, PublishStats, Held]:
+                   compressor: zstandard.ZstdCompressor, byteplanes: bool = True) -> tuple[bytes, PublishStats, Held]:
     """flat: host arrays of the new upload (owned by the caller's worker; frozen here). ``prev`` None
-    -> full snapshot, else an XOR delta against ``prev`` (same signature required)."""
+    -> full snapshot, else an XOR delta against ``prev`` (same signature required). ``byteplanes``:
+    each leaf's bytes are regrouped by byte position before zstd (`deltas.to_byteplanes`)."""
     t0 = time.monotonic()
     cur = freeze(flat)
     if prev is not None:
@@ -113,6 +117,8 @@ def encode_version(flat: Mapping[tuple, np.ndarray], version: int, prev: Optiona
             xd = deltas.xor_bits(prev.flat[path], x)  # [N] uint
             st.identical[d] = st.identical.get(d, 0) + deltas.count_identical(xd)
             body = xd.view(np.uint8)
+        if byteplanes:
+            body = deltas.to_byteplanes(body, x.dtype.itemsize)
         blob = compressor.compress(body)
         spec = dict(deltas.leaf_spec(path, x), sha256=deltas.leaf_sha256(x), offset=offset, length=len(blob))
         leaves.append(spec)
@@ -125,7 +131,7 @@ def encode_version(flat: Mapping[tuple, np.ndarray], version: int, prev: Optiona
     digest = deltas.tree_digest(leaves)
     header = {"version": int(version), "kind": kind, "base_version": st.base_version,
               "base_digest": None if prev is None else prev.digest, "digest": digest,
-              "compression": "zstd", "leaves": leaves}
+              "compression": "zstd", "filter": "byteplanes" if byteplanes else "none", "leaves": leaves}
     st.encode_s = time.monotonic() - t0
     header["stats"] = st.to_dict()
     data = encode_record(header, b"".join(chunks))
@@ -157,6 +163,9 @@ def apply_record(data: bytes, held: Optional[Held], decompressor: zstandard.Zstd
         if held.digest != h["base_digest"]:
             raise BaseMismatchError(version, base, held.version,
                                     "same version number but different weights (base digest differs)")
+    filt = h.get("filter", "none")
+    if filt not in FILTERS:
+        raise CorruptRecordError(version, f"unknown filter {filt!r} (known: {FILTERS})", name)
     out: dict[tuple, np.ndarray] = {}
     for leaf in h["leaves"]:
         path = tuple(leaf["path"])
@@ -170,6 +179,8 @@ def apply_record(data: bytes, held: Optional[Held], decompressor: zstandard.Zstd
         if len(raw) != nbytes:
             raise CorruptRecordError(version, f"leaf {deltas.path_str(path)} decompressed to {len(raw)} bytes, "
                                               f"expected {nbytes}", name)
+        if filt == "byteplanes":
+            raw = deltas.from_byteplanes(np.frombuffer(raw, np.uint8), dt.itemsize)
         if kind == "full":
             x = np.frombuffer(raw, dtype=dt).reshape(shape)
         else:

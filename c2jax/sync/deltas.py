@@ -129,6 +129,22 @@ def apply_xor_bits(prev: np.ndarray, delta: np.ndarray) -> np.ndarray:
     return np.bitwise_xor(prev.reshape(-1).view(u), delta).view(prev.dtype).reshape(prev.shape)
 
 
+def to_byteplanes(b: np.ndarray, itemsize: int) -> np.ndarray:
+    """[N * itemsize] uint8 (element-major) -> [itemsize * N] uint8 (byte plane-major): byte k of every
+    element together. Small float changes touch only the low mantissa bytes, so the high planes of a
+    XOR delta are runs of zeros that zstd removes almost entirely."""
+    if itemsize == 1:
+        return b
+    return np.ascontiguousarray(b.reshape(-1, itemsize).T).reshape(-1)
+
+
+def from_byteplanes(b: np.ndarray, itemsize: int) -> np.ndarray:
+    """Inverse of `to_byteplanes`."""
+    if itemsize == 1:
+        return b
+    return np.ascontiguousarray(b.reshape(itemsize, -1).T).reshape(-1)
+
+
 def leaf_sha256(x: np.ndarray) -> str:
     """sha256 of a C-contiguous array's raw bytes (hex)."""
     return hashlib.sha256(raw_bytes_view(x)).hexdigest()

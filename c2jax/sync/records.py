@@ -8,11 +8,13 @@ A record is one file::
     header = {"format": 1, "version": v, "kind": "full" | "delta",
               "base_version": b | null, "base_digest": hex | null,   # delta: the upload it is XORed against
               "digest": hex,                                          # tree_digest of the weights it rebuilds
-              "compression": "zstd", "leaves": [{"path", "dtype", "shape", "offset", "length", "sha256"}],
+              "compression": "zstd", "filter": "byteplanes" | "none",
+              "leaves": [{"path", "dtype", "shape", "offset", "length", "sha256"}],
               "stats": {...}}                                         # PublishStats as a dict (informative)
 
 Each leaf's payload slice ``[offset, offset + length)`` is zstd of the raw bytes (full) or of the
-XOR-of-bits delta (`deltas.xor_bits`). ``sha256`` is of the leaf the record rebuilds, so applying a
+XOR-of-bits delta (`deltas.xor_bits`), regrouped by byte position first with the ``byteplanes``
+filter (`deltas.to_byteplanes`). ``sha256`` is of the leaf the record rebuilds, so applying a
 delta to the wrong base is caught even if its base labels were right.
 
 File names carry the chain, so a reader plans a rebuild from a directory listing alone:

@@ -68,7 +68,7 @@ class WeightPublisher:
 
     def __init__(self, store: StoreLike = None, *, full_every: int = 10, wire_dtype: Optional[str] = None,
                  level: int = 3, threads: int = 0, max_pending: int = 2, keep_full: Optional[int] = 2,
-                 replace_newer: bool = False) -> None:
+                 replace_newer: bool = False, byteplanes: bool = True) -> None:
         if not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every must be an int >= 1, got {full_every!r}")
         if not isinstance(max_pending, int) or max_pending < 1:
@@ -82,6 +82,7 @@ class WeightPublisher:
             raise ValueError(f"wire_dtype must be a floating dtype, got {wire_dtype!r}")
         self.store = open_store(store)
         self.full_every, self.keep_full, self.replace_newer = full_every, keep_full, replace_newer
+        self.byteplanes = bool(byteplanes)
         self._compressor = zstandard.ZstdCompressor(level=int(level), threads=int(threads))
         self._device_copy = jax.jit(self._copy_leaves)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="c2jax-weight-publish")
@@ -209,7 +210,8 @@ class WeightPublisher:
         try:
             flat = {p: deltas.as_host(x) for p, x in snapshot.items()}
             del snapshot
-            data, st, held = encode_version(flat, version, None if full else self._prev, self._compressor)
+            data, st, held = encode_version(flat, version, None if full else self._prev, self._compressor,
+                                              byteplanes=self.byteplanes)
             t0 = time.monotonic()
             self.store.put(record_name(version, st.kind, st.base_version), data)
             st.write_s = time.monotonic() - t0
