@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
                 print(f"{'done' if plan.is_done(c) else 'todo'} {c.name}: {' '.join(plan.argv(c))}")
             return 0
         result = run_sweep(plan, args.backend, args.max_parallel, args.metric, args.x, args.ray_address)
-    except SweepError as e:
+    except (SweepError, RuntimeError) as e:  # RuntimeError: the backend could not start (nothing ran)
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0 if result.ok else 1

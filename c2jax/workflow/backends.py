@@ -69,11 +69,15 @@ def _execute_ray(jobs: Sequence[Job], max_parallel: int, address: str | None) ->
         raise RuntimeError("--backend ray needs ray: pip install -e '.[ray]'") from e
     started = False
     if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:  # a private single-node cluster on this machine, bound to 127.0.0.1
-            ray.init(num_cpus=max_parallel, include_dashboard=False, _node_ip_address="127.0.0.1",
-                     log_to_driver=False)
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:  # a private single-node cluster on this machine, bound to 127.0.0.1
+                ray.init(num_cpus=max_parallel, include_dashboard=False, _node_ip_address="127.0.0.1",
+                         log_to_driver=False)
+        except Exception as e:  # ray raises bare Exception for a node that did not come up
+            raise RuntimeError(f"could not start or reach Ray ({address or 'local 127.0.0.1'}): {e}; no cell was "
+                               "run (a loaded machine may need RAY_raylet_start_wait_time_s=120)") from e
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_command)

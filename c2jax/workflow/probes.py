@@ -15,7 +15,7 @@ import numpy as np
 
 
 # ---------------------------------------------------------------- proportions
-def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+def wilson(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """Wilson score 95% interval of a proportion k/n."""
     if n == 0:
         return math.nan, math.nan
