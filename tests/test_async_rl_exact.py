@@ -4,17 +4,19 @@ with ``max_staleness = 0`` its parameters after 2 steps are bit-identical to the
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from _agent_fixtures import needs_bwrap, repo_env  # noqa: F401
 from _async_rl_fixtures import build, make_async, param_hash, rl_section, run_sync, tasks
 
-pytestmark = needs_bwrap
+# Two real 2-step runs (learner compile included): ~10 min on the shared 2-core machine, so slow.
+pytestmark = [needs_bwrap, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 STEPS = 2
 
 
 def test_max_staleness_0_is_bit_identical_to_the_synchronous_stage(repo_env, tmp_path):
-    rl = rl_section(max_staleness=0)
+    rl = rl_section(max_staleness=0, max_len=512)
     task_list = tasks(repo_env[1], 4)
     sync = build(rl, task_list)
     try:
