@@ -90,8 +90,10 @@ def test_sigkill_halfway_then_rerun_runs_only_missing_cells(tmp_path):
 
 
 @pytest.mark.ray
-def test_ray_backend_same_results_path(tmp_path):
+@pytest.mark.timeout(1800)
+def test_ray_backend_same_results_path(tmp_path, monkeypatch):
     pytest.importorskip("ray", reason="ray not installed (pip install -e '.[ray]')")
+    monkeypatch.setenv("RAY_raylet_start_wait_time_s", "300")  # a loaded CI machine starts the raylet slowly
     work = tmp_path / "sw"
     r = _sweep(work, "--grid", "smoke.learning_rate=[1e-3,1e30]", "--backend", "ray", "--max-parallel", "2",
                "--metric", "smoke.final_loss")
