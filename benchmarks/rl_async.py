@@ -66,7 +66,8 @@ def model_part(args) -> dict:
     print(f"\n== latency model: {args.sim_steps} steps x {args.tasks_per_step} groups x {args.group_size}, env ~ "
           f"lognormal({args.env_mu}, {args.env_sigma}) s, train {args.sim_train_s} s/update ==")
     print(f"sync: trainer idle {sync.trainer_idle_fraction:.2f}")
-    print(f"{'max_staleness':>13} {'wall async/sync':>16} {'trainer idle':>13} {'max lag':>8} {'drops':>6}  staleness hist")
+    print(f"{'max_staleness':>13} {'wall async/sync':>16} {'trainer idle':>13} {'max lag':>8} {'drops':>6}  "
+          f"staleness hist")
     for r in rows:
         print(f"{r['max_staleness']:>13} {r['wall_ratio']:>16.3f} {r['trainer_idle']:>13.2f} {r['max_lag']:>8} "
               f"{sum(r['drops'].values()):>6}  {r['staleness_hist']}")
@@ -208,8 +209,9 @@ def real_part(args) -> dict:
         ctx, pool = context(args.staleness)
         records: list = []
         be = LocalBackend()
+        workers = max(1, args.slots // args.group_size)
         rollout = be.spawn("rollout", lambda: RolloutWorker(harness, ctx.policy, pool, ctx.rl, grade_fn=grade,
-                                                             seed=args.seed), workers=max(1, args.slots // args.group_size))
+                                                             seed=args.seed), workers=workers)
         trainer = be.spawn("trainer", lambda: RecordingTrainer(ctx, records))
         run = AsyncRL(ctx, rollout=rollout, trainer=trainer, publisher=EnginePublisher(ctx.engine),
                       stream=_Offset(stream), steps=args.steps, inflight_updates=inflight,

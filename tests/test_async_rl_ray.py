@@ -10,7 +10,6 @@ import signal
 import sys
 import threading
 import time
-import types
 
 import pytest
 

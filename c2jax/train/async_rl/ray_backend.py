@@ -8,7 +8,10 @@ driver in Ray's object store, a killed actor process is restarted by Ray.
 Same `Service` interface as the embedded backend (`services.LocalService`), so `runner.AsyncRL`
 drives both with the same code. Actors are created with ``max_restarts=-1``: when an actor process
 dies (SIGKILL, OOM) Ray starts a new one from the same factory, calls in flight fail with
-``RayActorError`` and the driver rolls their groups out again (`Reconciler.lost`). Per-sample
+``RayActorError`` and the driver rolls their groups out again (`Reconciler.lost`) after the
+publisher re-sends the latest weights (``republish``: a restarted actor starts from its factory's
+weights; tokens it samples before the update lands carry the old version and are masked 'stale' if
+beyond the bound, so they are counted, never trained silently). Per-sample
 ``rolling_out`` / ``grading`` transitions are not streamed back from actors (the ledger records
 them at group level); everything else is identical.
 
@@ -157,9 +160,9 @@ class RolloutInference:
         from c2jax.sampling import Engine, EngineConfig
         from c2jax.train.async_rl.workers import RolloutWorker
 
-        self.engine = Engine(params, model_cfg, EngineConfig(max_slots=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
-                                                             recompute_cache_on_update=True),
-                             tokenizer=tokenizer, version=version).start()
+        ecfg = EngineConfig(max_slots=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
+                            recompute_cache_on_update=True)
+        self.engine = Engine(params, model_cfg, ecfg, tokenizer=tokenizer, version=version).start()
         policy = EnginePolicy(self.engine, fmt, temperature=temperature, top_p=top_p, seed=seed)
         self.pool = SandboxPool(max_concurrency=int(rl["max_in_flight"]))
         self.worker = RolloutWorker(harness, policy, self.pool, rl, grade_fn=grade_fn, seed=seed)
@@ -203,9 +206,16 @@ class RayEnginePublisher:
 
         t0 = time.monotonic()
         ref = self.service.backend.put(jax.tree_util.tree_map(np.asarray, params))
+        self._last = (ref, int(version))
         self._acks.append((int(version), self.service.submit("update_weights", ref, int(version))))
         self.published = int(version)
         self.publish_s += time.monotonic() - t0
+
+    def republish(self) -> None:
+        """Send the last published weights again (a restarted actor starts from its factory's)."""
+        if getattr(self, "_last", None) is not None:
+            ref, version = self._last
+            self._acks.append((version, self.service.submit("update_weights", ref, version)))
 
     def live_version(self) -> int:
         """The newest version the actor acknowledged (its engine serves it); a failed ack re-raises."""
@@ -234,8 +244,9 @@ def ray_rollout_service(backend: RayBackend, ctx: Any, params: Any, version: int
 
     eng, pol = ctx.engine, ctx.policy
     host = jax.tree_util.tree_map(np.asarray, params)
-    args = (host, eng.model_cfg, dict(ctx.rl), ctx.harness.fmt.tok, ctx.harness, ctx.harness.fmt, float(pol.temperature),
-            float(pol.top_p), int(ctx.seed), int(version), ctx.grade_fn)
+    fmt = ctx.harness.fmt
+    args = (host, eng.model_cfg, dict(ctx.rl), fmt.tok, ctx.harness, fmt, float(pol.temperature), float(pol.top_p),
+            int(ctx.seed), int(version), ctx.grade_fn)
     svc = backend.spawn("rollout", lambda: RolloutInference(*args), workers=workers)
     svc.publisher = RayEnginePublisher(svc, version)
     return svc

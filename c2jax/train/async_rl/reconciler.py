@@ -166,7 +166,8 @@ class Reconciler:
     def completed(self, slot: Slot, samples: Sequence[Any]) -> None:
         """A complete group (all `group_size` samples graded or masked) becomes ready."""
         if len(samples) != self.G:
-            raise ValueError(f"group {slot.index}: {len(samples)} samples, expected {self.G} (partial groups never train)")
+            raise ValueError(f"group {slot.index}: {len(samples)} samples, expected {self.G} "
+                             f"(partial groups never train)")
         if slot.state in ("ready", "trained", "dropped"):
             raise RuntimeError(f"group {slot.index} completed twice (state {slot.state})")
         slot.samples = list(samples)

@@ -36,7 +36,7 @@ import numpy as np
 
 from c2jax.train.async_rl.group_store import GroupStore
 from c2jax.train.async_rl.ledger import SampleLedger
-from c2jax.train.async_rl.reconciler import Reconciler, Slot
+from c2jax.train.async_rl.reconciler import Reconciler, Slot, sample_ids
 from c2jax.train.rl_rollouts import sample_stats
 from c2jax.train.rl_step import RLContext, mark_stale
 
@@ -114,6 +114,9 @@ class AsyncRL:
         if exc is not None:
             log.warning("async rl: group %d lost (%s: %s)", slot.index, type(exc).__name__, exc)
             self._health_check()
+            republish = getattr(self.publisher, "republish", None)
+            if callable(republish):
+                republish()  # a restarted worker process starts from its factory's weights
             if self.rec.lost(slot, f"{type(exc).__name__}: {exc}"):
                 self._submit(slot)
             return
@@ -210,7 +213,7 @@ class AsyncRL:
         resubmit = []
         for d in r["slots"]:
             task = self.stream.tasks[d["task_id"]]
-            slot = Slot(int(d["index"]), int(d["batch"]), task, [f"g{d['index']}/{d['task_id']}#{k}" for k in range(self.G)],
+            slot = Slot(int(d["index"]), int(d["batch"]), task, sample_ids(int(d["index"]), d["task_id"], self.G),
                         int(d["admitted_version"]), attempts=int(d["attempts"]))
             known.add(slot.index)
             rec = self.store.load(slot.index)

@@ -45,7 +45,8 @@ def run_services(ctx: RLContext, state: Any, *, stream: Any, ckpt: Any, logger: 
     if sv["backend"] == "ray":
         from c2jax.train.async_rl.ray_backend import ray_rollout_service
 
-        rollout = ray_rollout_service(backend, ctx, state.params, version, workers=max(1, int(rl["max_in_flight"]) // G))
+        rollout = ray_rollout_service(backend, ctx, state.params, version,
+                                      workers=max(1, int(rl["max_in_flight"]) // G))
     else:
         rollout = backend.spawn("rollout", lambda: RolloutWorker(ctx.harness, ctx.policy, ctx.pool, rl,
                                                                  grade_fn=ctx.grade_fn, seed=ctx.seed),
