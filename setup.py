@@ -37,5 +37,8 @@ setup(
                   # checkpoint-format references for tests/test_hf_io_transformers.py
                   "accelerate>=1.0", "compressed-tensors>=0.12"],
         "ray": ["ray>=2.40"],
+        # third-party clients that tests/test_serve_third_party.py runs against `python -m c2jax.serve`
+        # (skipped when absent). The official `harbor` package needs Python >= 3.12: not listed.
+        "clients": ["openai-agents>=0.2", "litellm>=1.60"],
     },
 )

@@ -13,6 +13,7 @@
     python -m c2jax.bench envs --suite DIR|tasks.jsonl [--pypi-cache DIR]   # re-create missing envs
     python -m c2jax.bench convert swebench FILE.jsonl --repos DIR --out DIR
     python -m c2jax.bench convert harbor TASK_DIR [TASK_DIR ...] --out DIR
+    python -m c2jax.bench export harbor --suite DIR|tasks.jsonl [--split eval] --out DIR [--org c2jax]
     python -m c2jax.bench heldout --out heldout.json                  # for data.held_out.packages_file
 Exit status: 0 ok, 1 the suite misses its targets / a policy misses its expected rate, 2 bad input.
 """
@@ -139,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("inputs", nargs="+")
     p.add_argument("--repos", default=None)
     p.add_argument("--out", required=True)
+    p = sub.add_parser("export", help="write tasks as Harbor task directories")
+    p.add_argument("format", choices=("harbor",))
+    p.add_argument("--suite", required=True)
+    p.add_argument("--split", choices=("train", "eval"), default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--org", default="c2jax", help="package org of tasks that have no Harbor name")
     p = sub.add_parser("heldout")
     p.add_argument("--out", required=True)
     a = ap.parse_args(argv)
@@ -238,6 +245,19 @@ def main(argv: list[str] | None = None) -> int:
         rep["failed"].update(toy["failed"])
         print(format_report(rep))
         return 1 if rep["failed"] else 0
+    if a.cmd == "export":
+        from c2jax.bench.adapters.harbor_export import export_many
+        from c2jax.envs.tasks import TaskFormatError, load_tasks
+
+        try:
+            tasks = load_tasks(_tasks_path(a.suite, a.split))
+        except (TaskFormatError, OSError) as e:
+            print(str(e), file=sys.stderr)
+            return 2
+        os.makedirs(a.out, exist_ok=True)
+        dirs, failed = export_many(tasks, a.out, org=a.org)
+        print(json.dumps({"exported": dirs, "not_exported": failed}, indent=1))
+        return 1 if failed else 0
     if a.cmd == "convert":
         from c2jax.bench.adapters import convert_harbor, convert_swebench
         from c2jax.envs.tasks import TaskFormatError
