@@ -16,8 +16,27 @@ from c2jax.envs.bwrap import bwrap_path
 from c2jax.envs.errors import SandboxError
 
 IS_ROOT = os.geteuid() == 0
-needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: cgroup limits and the size-capped "
-                                "tmpfs disk quota are created by root (CI runs as root)")
+
+# Sandboxes missing on a machine make their tests FAIL, naming what is missing: CI must not go green
+# by skipping the attack suite. A machine that really has no sandboxes says so explicitly.
+OPT_OUT_VAR = "C2JAX_SANDBOX_UNAVAILABLE"
+
+
+def sandbox_mark(problem: str | None):
+    """A mark for tests that need sandboxes: nothing if `problem` is None; otherwise the test fails
+    with `problem` (or is skipped when ${OPT_OUT_VAR}=1). Enforced by tests/conftest.py, which calls
+    `check_sandbox_requirement` for every test carrying the mark."""
+    return pytest.mark.sandbox_required(problem)
+
+
+def check_sandbox_requirement(problem: str | None, environ=os.environ) -> None:
+    """Fail (or, with ${OPT_OUT_VAR}=1, skip) a test whose sandbox requirement is not met."""
+    if problem is None:
+        return
+    if environ.get(OPT_OUT_VAR) == "1":
+        pytest.skip(f"{problem} ({OPT_OUT_VAR}=1 says sandboxes are unavailable on this machine)")
+    pytest.fail(f"{problem}. This test needs a working sandbox; on a machine that cannot run them, "
+                f"set {OPT_OUT_VAR}=1 to skip sandbox tests explicitly.", pytrace=False)
 
 
 def _bwrap_ok() -> str | None:
@@ -29,7 +48,9 @@ def _bwrap_ok() -> str | None:
 
 
 BWRAP_PROBLEM = _bwrap_ok()
-needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=f"no usable bwrap: {BWRAP_PROBLEM}")
+needs_bwrap = sandbox_mark(f"no usable bwrap: {BWRAP_PROBLEM}" if BWRAP_PROBLEM else None)
+needs_root = sandbox_mark(None if IS_ROOT else "needs root: cgroup limits and the size-capped tmpfs disk "
+                          "quota are created by root (CI runs as root)")
 
 
 @pytest.fixture(scope="session")

@@ -28,3 +28,25 @@ if not os.environ.get("C2JAX_ENVS_DIR"):
         except Exception:
             pass
         shutil.rmtree(_ENVS_DIR, ignore_errors=True)
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "sandbox_required(problem): the test needs bwrap sandboxes (or root); "
+                            "problem None = available (tests/_envs_common.py)")
+    config.addinivalue_line("markers", "reference_required(problem): the test needs the torch extra; "
+                            "problem None = installed (tests/_reference_imports.py)")
+
+
+def pytest_runtest_setup(item) -> None:
+    """Sandbox tests fail loudly where sandboxes are missing, unless C2JAX_SANDBOX_UNAVAILABLE=1;
+    reference-parity tests likewise where the torch extra is missing, unless C2JAX_ALLOW_NO_TORCH=1."""
+    for mark in item.iter_markers("sandbox_required"):
+        if mark.args and mark.args[0]:
+            from _envs_common import check_sandbox_requirement
+
+            check_sandbox_requirement(mark.args[0])
+    for mark in item.iter_markers("reference_required"):
+        if mark.args and mark.args[0]:
+            from _reference_imports import check_reference_requirement
+
+            check_reference_requirement(mark.args[0])

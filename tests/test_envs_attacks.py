@@ -60,7 +60,9 @@ def test_host_loopback_server_unreachable(sb):
     assert "CONNECTED" not in r.stdout and r.stdout.count("blocked") == 3
     with pytest.raises(socket.timeout):
         srv.accept()
-    srv.close()
+    host = socket.create_connection(("127.0.0.1", port), timeout=2)  # positive control: the host gets in
+    conn, _ = srv.accept()
+    conn.close(), host.close(), srv.close()
     assert sb.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1").stdout.split() == ["lo"]
 
 
@@ -81,6 +83,14 @@ def test_name_resolution_reaches_no_resolver(sb):
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.sendto(b"host-probe", ("127.0.0.1", port))  # positive control: the stub hears the host
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    probe.close()
+    assert [g[0] for g in got] == [b"host-probe"], got
+    got.clear()
     r = sb.exec(py(f"""
         import socket
         try:
@@ -140,6 +150,10 @@ def test_host_unix_sockets_and_inherited_fds(sb, repo_env, tmp_path):
             fds = box.exec("ls /proc/self/fd").stdout.split()
             assert fds == ["0", "1", "2", "3"], fds
         assert_no_leftovers(box)
+        for addr in (path, b"\0c2jax-test-abstract"):  # positive control: both sockets accept the host
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(addr)
+            c.close()
     finally:
         os.close(leaked)
         unix.close()
@@ -164,6 +178,8 @@ def test_host_secrets_are_invisible(repo_env):
             r = box.exec("env; cat /proc/1/environ /proc/2/environ 2>/dev/null | tr '\\0' '\\n'; "
                          "cat /etc/shadow; ls /root /home /work; ls /etc", timeout=10)
             assert "hunter2" not in r.stdout + r.stderr
+            host = subprocess.run(["sh", "-c", "env"], capture_output=True, text=True).stdout
+            assert "hunter2" in host  # positive control: the same `env` on the host shows it
             assert "root:" not in r.stdout  # no /etc/shadow contents
             assert "No such file" in r.stderr
             etc = box.exec("ls /etc").stdout.split()
@@ -233,6 +249,9 @@ def test_other_processes_proc_signals_and_ptrace(sb, repo_env):
                         os.kill(target, signal.SIGKILL); print("KILLED")
                     except OSError as e:
                         print("nokill", e.errno)
+                import subprocess
+                own = subprocess.Popen(["sleep", "60"])
+                os.kill(own.pid, signal.SIGKILL); print("own", own.wait())
                 libc = ctypes.CDLL(None, use_errno=True)
                 for target in ({victim.pid}, 1):
                     rc = libc.ptrace(16, target, 0, 0)  # PTRACE_ATTACH
@@ -240,6 +259,7 @@ def test_other_processes_proc_signals_and_ptrace(sb, repo_env):
             """), timeout=15)
             out = r.stdout
             assert "KILLED" not in out and out.count("nokill") == 2 and out.count("noproc") == 2
+            assert "own -9" in out  # positive control: kill works on the sandbox's own processes
             # Host processes do not exist in the sandbox's pid namespace (ESRCH); tracing the
             # sandbox's own processes (gdb, strace) stays possible and confers nothing.
             assert f"ptrace {victim.pid} -1 {errno.ESRCH}" in out
@@ -263,6 +283,10 @@ def test_mount_and_namespace_escapes(sb):
                 "grep -E '^Cap(Eff|Prm|Bnd)' /proc/self/status; grep NoNewPrivs /proc/self/status",
                 timeout=10)
     assert "MOUNTED" not in r.stdout and "USERNS" not in r.stdout and "MNTNS" not in r.stdout
+    # Positive control: the attack tools exist and ran; they were refused, not missing.
+    assert sb.exec("command -v mount && command -v unshare").ok
+    assert "not found" not in r.stderr and r.stderr.count("unshare failed: Operation not permitted") == 2, r.stderr
+    assert "must be superuser" in r.stderr or "ermission denied" in r.stderr, r.stderr  # mount refused
     assert "CapEff:\t0000000000000000" in r.stdout and "CapBnd:\t0000000000000000" in r.stdout
 
 
@@ -307,6 +331,10 @@ def test_memory_bomb_is_oom_killed(repo_env):
         assert r.killed_reason == "oom" and r.exit_code == 137 and "SURVIVED" not in r.stdout, r
         assert box.exec("echo alive").stdout == "alive\n"
     assert_no_leftovers(box)
+    with start(env, memory_bytes=1 << 30) as box:  # positive control: the same program, a larger limit
+        r = box.exec(py("chunks = [bytearray(1 << 20) for _ in range(512)]; print('SURVIVED', len(chunks))"),
+                     timeout=60)
+        assert r.ok and r.stdout.strip() == "SURVIVED 512", r
 
 
 @needs_root
@@ -321,8 +349,18 @@ def test_disk_fill_and_file_size_limits(repo_env):
         assert r.exit_code != 0 and "No space" in r.stderr, r
         r = box.exec("rm /tmp/big; head -c 32M /dev/zero > big", timeout=30)  # 4x the file-size limit
         assert r.killed_reason == "fsize" and r.exit_code == 153, r
-        assert os.path.getsize  # noqa: B018 - host unchanged is checked by the leftovers check
+        assert int(box.exec("stat -c %s big").stdout) == 8 << 20  # cut exactly at the file-size limit
+        # The host holds no more than the quotas: the writable upper dir is a size-capped tmpfs.
+        upper = os.path.join(box.dir, "rw", "upper")
+        held = sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(upper) for f in fs)
+        assert held <= 16 << 20, held
         assert box.exec("head -c 1M /dev/zero > small && echo ok").stdout == "ok\n"
+    assert_no_leftovers(box)
+    # Positive control: the same writes succeed where the limits are larger, so the limits stopped them.
+    with start(env, disk_bytes=96 << 20, file_size_bytes=64 << 20, tmp_bytes=32 << 20) as box:
+        r = box.exec("for i in 1 2 3 4 5 6 7 8; do head -c 7M /dev/zero > f$i || exit 1; done; rm f*; "
+                     "head -c 16M /dev/zero > /tmp/big && head -c 32M /dev/zero > big && stat -c %s big", timeout=60)
+        assert r.ok and r.stdout.split() == [str(32 << 20)], r
     assert_no_leftovers(box)
 
 

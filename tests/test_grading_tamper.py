@@ -1,141 +1,126 @@
-"""Every tampering route of the grading design earns nothing; infrastructure failures are masked.
+"""Tampering routes that work through files the agent leaves in its workspace earn nothing — and
+each one, with the defences that stop it switched off, earns the full reward (positive control).
 
-Each test writes what a reward-hacking agent would write into its sandbox, takes the sandbox's
-diff (as the harness does) and grades it. Routes: editing/adding the hidden tests, conftest.py
-hooks, pytest configuration (addopts), sitecustomize/.pth hooks, a shadow `pytest` module, planted
-reports, patching the runner from the code under test, rewriting the report at exit, skipping,
-crashing, hanging, exhausting memory, unsafe diff paths. Where protection alone stops a route, a
-control run without path restoration shows the canary catches it too.
+Routes: replacing the hidden test file, a conftest.py hook, pytest configuration loading a plugin
+(pytest.ini / setup.cfg / tox.ini / pyproject.toml), a shadow `pytest.py` runner, a shadow stdlib
+`unittest.py`, sitecustomize.py on a PYTHONPATH directory, and writes outside the workspace (the
+venv, $HOME) that the grading sandbox never sees. Unsafe diff paths and infrastructure masking are
+here too. In-process routes (patching from the code under test, exit tricks, hangs) are in
+tests/test_grading_tamper_runtime.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 
 from _bench_common import bench_state, mini_suite, needs_bwrap  # noqa: F401
+from _grading_tamper_common import (PASS_HOOK, SHADOW_UNITTEST, UNITTEST_PASS, agent_diff, assert_earns,
+                                    assert_nothing, task, with_defences_off)  # noqa: F401
 from c2jax.envs import images, start
-from c2jax.envs.grading import _score, diff_paths, grade, run_tests
+from c2jax.envs.grading import grade
 
 pytestmark = needs_bwrap
-
-
-@pytest.fixture
-def task(mini_suite):
-    _, tasks, _, _ = mini_suite
-    return next(t for t in tasks if t.codebase == "stdlib" and t.category == "bug_injection")
-
-
-def agent_diff(task, files: dict[str, str], append: dict[str, str] | None = None) -> str:
-    """The diff an agent leaves after writing `files` and appending to existing ones."""
-    with start(task.env_id, timeout_s=60) as sb:
-        for p, text in files.items():
-            sb.write_file(p, text)
-        for p, text in (append or {}).items():
-            sb.write_file(p, sb.read_file(p) + text)
-        return sb.diff()
-
-
-def module_of(task) -> str:
-    return sorted(diff_paths(task.patch)[0])[0]
-
-
-def assert_nothing(r, *flags):
-    assert r.reward == 0.0 and not r.resolved and not r.masked, r
-    assert r.f2p_fraction < 1.0 or r.tampered, r
-    for f in flags:
-        assert any(x.startswith(f) for x in r.flags), (f, r.flags)
 
 
 def test_gold_resolves_and_null_does_not(task):
     g = grade(task, task.patch)
     assert g.resolved and g.reward == 1.0 and g.f2p_fraction == 1.0 and g.p2p_regressions == 0 and not g.flags
-    assert g.outcomes["<canary>"] == "failed"
+    assert g.outcomes["<canary>"] == "failed" and g.outcomes["<canary2>"] == "failed"  # bare assert + unittest
     n = grade(task, "")
     assert_nothing(n)
     assert n.f2p_fraction == 0.0 and not n.flags
 
 
-def test_rewriting_the_hidden_tests_earns_nothing(task):
+def test_replacing_the_hidden_tests_earns_nothing(task):
     test_file = sorted(task.hidden_tests.files)[0]
-    names = {i.split("::")[-1] for i in task.hidden_tests.FAIL_TO_PASS if i.startswith(test_file)}
-    fake = "import unittest\n\n\nclass T(unittest.TestCase):\n" + "".join(
+    names = {i.split("::")[-1] for i in task.hidden_tests.FAIL_TO_PASS + task.hidden_tests.PASS_TO_PASS
+             if i.startswith(test_file)}
+    classes = {i.split("::")[1] for i in task.hidden_tests.FAIL_TO_PASS if i.count("::") == 2}
+    assert len(classes) == 1, classes  # the task's tests are methods of one TestCase
+    fake = f"import unittest\n\n\nclass {classes.pop()}(unittest.TestCase):\n" + "".join(
         f"    def {n}(self):\n        pass\n\n" for n in sorted(names))
-    r = grade(task, agent_diff(task, {test_file: fake}))
-    assert_nothing(r, "protected_restored")
+    diff = agent_diff(task, {test_file: fake})
+    assert_nothing(grade(task, diff), "protected_restored")
+    # Positive control: a grader that keeps the workspace's copy of the test file pays for it.
+    assert_earns(with_defences_off(task, diff, "restore_protected", "overwrite_hidden", "canary"))
+    # Restoration alone stops it (the hidden file is written over the agent's either way).
+    assert_nothing(with_defences_off(task, diff, "overwrite_hidden", "canary"), "protected_restored")
 
 
 def test_conftest_hook_earns_nothing_and_the_canary_sees_it(task):
-    hook = ("import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-            "    outcome = yield\n    rep = outcome.get_result()\n    rep.outcome = 'passed'\n")
-    diff = agent_diff(task, {"conftest.py": hook, "tests/conftest.py": hook})
+    diff = agent_diff(task, {"conftest.py": PASS_HOOK, "tests/conftest.py": PASS_HOOK})
     assert_nothing(grade(task, diff), "protected_restored:2")
-    control = _score(task, run_tests(task, diff, restore_protected=False))  # if protection were missing
-    assert_nothing(control, "tamper:canary")
+    assert_nothing(with_defences_off(task, diff, "restore_protected"), "tamper:canary")
+    assert_earns(with_defences_off(task, diff, "restore_protected", "canary"))
 
 
 @pytest.mark.parametrize("name, text", [
-    ("pytest.ini", "[pytest]\naddopts = -p no:c2jax_report -k nothing_matches\n"),
-    ("setup.cfg", "[tool:pytest]\naddopts = --deselect tests\n"),
-    ("tox.ini", "[pytest]\naddopts = -x --co\n"),
-    ("pyproject.toml", "[tool.pytest.ini_options]\naddopts = '--co'\n"),
+    ("pytest.ini", "[pytest]\naddopts = -p evil_plugin\n"),
+    ("setup.cfg", "[tool:pytest]\naddopts = -p evil_plugin\n"),
+    ("tox.ini", "[pytest]\naddopts = -p evil_plugin\n"),
+    ("pyproject.toml", "[tool.pytest.ini_options]\naddopts = '-p evil_plugin'\n"),
 ])
-def test_runner_configuration_earns_nothing(task, name, text):
-    assert_nothing(grade(task, agent_diff(task, {name: text})), "protected_restored")
+def test_runner_configuration_loading_a_plugin_earns_nothing(task, name, text):
+    diff = agent_diff(task, {name: text, "evil_plugin.py": PASS_HOOK})
+    assert_nothing(grade(task, diff), "protected_restored:1")
+    assert_earns(with_defences_off(task, diff, "restore_protected", "canary"))
 
 
-def test_interpreter_hooks_and_shadow_runner_earn_nothing(task):
-    fake_pytest = ("import json, os, sys\nids = %r\njson.dump({'exitstatus': 0, 'tests': {i: 'passed' for i in ids}},"
-                   " open(os.environ['C2JAX_REPORT'], 'w'))\nsys.exit(0)\n"
-                   % list(task.hidden_tests.FAIL_TO_PASS + task.hidden_tests.PASS_TO_PASS))
-    files = {"pytest.py": fake_pytest, "sitecustomize.py": "import builtins\n", "usercustomize.py": "x = 1\n",
-             "evil.pth": "import os\n", ".c2jax/report-0.json": '{"tests": {}}', ".c2jax/c2jax_report.py": "\n"}
-    diff = agent_diff(task, files)
+def test_shadow_pytest_runner_earns_nothing(task):
+    """A workspace `pytest.py` runs instead of pytest under `python -m pytest` (cwd first on sys.path).
+    It knows the report channel (nonce or file path) from its environment, so only removing it helps;
+    the canary catches it when it does not read the canaries out of the test file."""
+    ids = list(task.hidden_tests.FAIL_TO_PASS + task.hidden_tests.PASS_TO_PASS)
+    fake = ("import json, os, sys\nd = json.dumps({'exitstatus': 0, 'tests': {i: 'passed' for i in %r}})\n"
+            "if os.environ.get('C2JAX_REPORT_NONCE'):\n"
+            "    sys.stderr.write('\\nC2JAX-REPORT %%s %%s\\n' %% (os.environ['C2JAX_REPORT_NONCE'], d))\n"
+            "else:\n    open(os.environ['C2JAX_REPORT'], 'w').write(d)\nsys.exit(0)\n" % ids)
+    diff = agent_diff(task, {"pytest.py": fake})
     r = grade(task, diff)
-    assert_nothing(r, "protected_restored:6")
-    control = _score(task, run_tests(task, diff, restore_protected=False))  # the fake runner, unprotected
-    assert_nothing(control, "tamper:canary")  # it cannot know the canary's random name
+    assert_nothing(r, "protected_restored:1", "shadow_removed:1")
+    assert_nothing(with_defences_off(task, diff, "restore_protected"), "shadow_removed:1")
+    assert_nothing(with_defences_off(task, diff, "restore_protected", "remove_shadows"), "tamper:canary")
+    assert_earns(with_defences_off(task, diff, "restore_protected", "remove_shadows", "canary"))
 
 
-def test_patching_the_runner_from_the_code_under_test_is_caught_by_the_canary(task):
-    patch_runner = ("\n\nimport sys as _s\nif '_pytest.reports' in _s.modules:\n"
-                    "    from _pytest.reports import TestReport as _TR\n    _orig = _TR.__init__\n\n"
-                    "    def _init(self, *a, **k):\n        _orig(self, *a, **k)\n"
-                    "        self.outcome = 'passed'\n        self.longrepr = None\n\n    _TR.__init__ = _init\n")
-    r = grade(task, agent_diff(task, {}, {module_of(task): patch_runner}))
+def test_shadow_stdlib_unittest_earns_nothing(task):
+    """`unittest.py` is not a protected path; it is removed because it shadows the stdlib."""
+    diff = agent_diff(task, {"unittest.py": SHADOW_UNITTEST})
+    assert_nothing(grade(task, diff), "shadow_removed:1")
+    r = with_defences_off(task, diff, "remove_shadows")
     assert_nothing(r, "tamper:canary")
-    assert r.f2p_fraction == 0.0 and r.outcomes["<canary>"] == "passed"
+    assert r.outcomes["<canary>"] == "failed" and r.outcomes["<canary2>"] == "passed"  # only the unittest canary sees it
+    assert_earns(with_defences_off(task, diff, "remove_shadows", "canary"))
 
 
-def test_rewriting_the_report_at_exit_is_caught_by_the_canary(task):
-    at_exit = ("\n\nimport atexit as _ax, json as _js, os as _os\n\ndef _fix():\n"
-               "    p = _os.environ.get('C2JAX_REPORT')\n    if p and _os.path.exists(p):\n"
-               "        d = _js.load(open(p))\n        d['tests'] = {k: 'passed' for k in d['tests']}\n"
-               "        _js.dump(d, open(p, 'w'))\n\n_ax.register(_fix)\n")
-    assert_nothing(grade(task, agent_diff(task, {}, {module_of(task): at_exit})), "tamper:canary")
+def test_sitecustomize_on_a_pythonpath_directory_earns_nothing(task):
+    """sitecustomize.py runs at interpreter start when its directory is on PYTHONPATH (a task whose
+    test command puts the workspace there). A `.pth` file is only read from site directories, which
+    the workspace never is, so it is no route; both are protected paths anyway."""
+    on_path = task.replace(test=dataclasses.replace(task.test, env={"PYTHONPATH": "/workspace"}))
+    diff = agent_diff(task, {"sitecustomize.py": UNITTEST_PASS, "evil.pth": "import os\n"})
+    assert_nothing(grade(on_path, diff), "protected_restored:2")
+    assert_nothing(with_defences_off(on_path, diff, "restore_protected"), "tamper:canary")
+    assert_earns(with_defences_off(on_path, diff, "restore_protected", "canary"))
 
 
-@pytest.mark.parametrize("code, flag", [
-    ("\nimport unittest as _u\nraise _u.SkipTest('not today')\n", None),       # skipped tests count as failed
-    ("\nimport os as _o\n_o._exit(0)\n", "no_report"),                           # crash before any report
-])
-def test_skipping_and_crashing_earn_nothing(task, code, flag):
-    r = grade(task, agent_diff(task, {}, {module_of(task): code}))
-    assert_nothing(r, *([flag] if flag else []))
-    assert r.f2p_fraction == 0.0
-
-
-def test_hanging_times_out_and_scores_zero(task):
-    r = grade(task, agent_diff(task, {}, {module_of(task): "\nwhile True:\n    pass\n"}), timeout_s=6)
-    assert_nothing(r, "timeout")
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="memory limits need cgroups (root)")
-def test_exhausting_memory_scores_zero(task):
-    small = task.replace(limits={**task.limits, "memory_bytes": 192 << 20})
-    r = grade(small, agent_diff(task, {}, {module_of(task): "\n_blob = bytearray(600 << 20)\n"}))
-    assert_nothing(r)
-    assert "oom" in r.flags or "no_report" in r.flags, r.flags
+def test_writes_outside_the_workspace_never_reach_grading(task):
+    """The venv is mounted read-only; $HOME and /tmp are writable but only /workspace is diffed."""
+    with start(task.env_id, timeout_s=60) as sb:
+        site = sb.exec(["python", "-c", "import _pytest, os; print(os.path.dirname(_pytest.__file__))"]).stdout.strip()
+        assert site.startswith("/env/"), site
+        r = sb.exec(["sh", "-c", f"echo 'raise SystemExit(0)' >> {site}/runner.py"])
+        assert r.exit_code != 0 and "Read-only" in r.stderr, r  # the venv's pytest cannot be patched
+        home = sb.exec(["sh", "-c", "echo $HOME"]).stdout.strip()
+        r = sb.exec(["sh", "-c", f"mkdir -p {home}/.local/lib/python3.11/site-packages && "
+                     f"echo 'import os' > {home}/.local/lib/python3.11/site-packages/usercustomize.py && "
+                     "echo x > /tmp/planted.txt && echo y > /workspace/planted.txt"])
+        assert r.exit_code == 0, r  # the writes themselves succeed ...
+        diff = sb.diff()
+    assert "planted.txt" in diff and "/workspace/planted.txt" not in diff  # positive control: workspace is carried
+    assert "usercustomize" not in diff and "/tmp" not in diff  # ... but nothing outside the workspace is
 
 
 def test_unsafe_diffs_are_rejected(task, tmp_path):

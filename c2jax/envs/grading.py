@@ -13,13 +13,20 @@ Order of operations (../shared/docs/environments.md §4.3):
    the files the diff touches that match `task.protected_paths` are read from the base first.
 3. `git apply` inside the sandbox (patches are untrusted data). Protected paths the diff touched
    are then restored from the base, or deleted if the diff created them (`protected_restored:N`).
-4. The hidden test files (and hidden test patch) are written, plus a pytest reporting plugin and a
-   randomly named *canary* test that must fail, appended to a hidden test file.
+   New top-level modules that would shadow the stdlib or the runner on the test command's import
+   path (`unittest.py`, `iniconfig.py`, ...) are deleted (`shadow_removed:N`).
+4. The hidden test files (and hidden test patch) are written, plus a pytest reporting plugin and
+   randomly named *canary* tests that must fail (a bare-assert one, and a unittest one when the
+   file uses unittest), appended to a hidden test file.
 5. The test command runs with a clean environment (no PYTEST_ADDOPTS, plugin autoload off);
-   the plugin writes one outcome per test id. Skipped, xfailed, errored or unreported tests count
-   as failed. A passing (or unreported) canary means the runner was patched: reward 0,
-   flag `tamper:canary` — unless the canary's file failed to collect (the agent's code does not
-   import): reward 0, f2p_fraction 0, flag `collection_error`.
+   the plugin writes one outcome per test id as a nonce-tagged line on the process's original
+   stderr at session end (a report file could be rewritten by atexit hooks or leftover children).
+   Skipped, xfailed, errored or unreported tests count as failed. A passing (or unreported) canary
+   means the runner was patched: reward 0, flag `tamper:canary` (two tagged lines: `tamper:report`)
+   — unless the canaries' file failed to collect (the agent's code does not import): reward 0,
+   f2p_fraction 0, flag `collection_error`.
+The defences are switchable one by one (`grading_guards.Defences`) so that tests can show each
+tampering route earning the reward without them; see grading_guards for what they cannot stop.
 Reward terms: `resolved` (all FAIL_TO_PASS and PASS_TO_PASS pass), `f2p_fraction`,
 `p2p_regressions`. Infrastructure failures (sandbox start/exec errors, failures before the agent's
 code runs, or a failure reproduced on the gold patch) set `masked=True`; timeouts, OOM, crashes or
@@ -38,43 +45,8 @@ from typing import Any, Iterable, Mapping
 from c2jax.envs.errors import SandboxError
 from c2jax.envs.tasks import TaskRecord
 
-CTL_DIR = ".c2jax"  # grading-only files inside /workspace (a protected path)
-REPORT_PLUGIN = '''"""c2jax grading reporter: one outcome per test id, written as JSON at session end."""
-import json, os
-
-_results = {}
-
-
-def _set(nodeid, outcome):
-    order = {"passed": 0, "skipped": 1, "xfailed": 1, "xpassed": 1, "failed": 2, "error": 3}
-    old = _results.get(nodeid)
-    if old is None or order[outcome] > order[old]:
-        _results[nodeid] = outcome
-
-
-def pytest_runtest_logreport(report):
-    if report.when == "call":
-        if hasattr(report, "wasxfail"):
-            _set(report.nodeid, "xpassed" if report.passed else "xfailed")
-        else:
-            _set(report.nodeid, report.outcome)
-    elif report.failed:
-        _set(report.nodeid, "error")
-    elif report.skipped:
-        _set(report.nodeid, "xfailed" if hasattr(report, "wasxfail") else "skipped")
-
-
-def pytest_collectreport(report):
-    if report.failed:
-        _set("collect:" + report.nodeid, "error")
-
-
-def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get("C2JAX_REPORT")
-    if path:
-        with open(path, "w") as f:
-            json.dump({"exitstatus": int(exitstatus), "tests": _results}, f)
-'''
+from c2jax.envs.grading_guards import (ALL_DEFENCES, CTL_DIR, REPORT_PLUGIN, Defences, add_canaries,  # noqa: F401
+                                      import_dirs, parse_report, shadow_entries)
 
 
 @dataclasses.dataclass
@@ -194,35 +166,47 @@ class TestRun:
     duration_s: float
     output_tail: str
     flags: list[str]
-    canary: str | None = None
+    canary: str | None = None  # the first canary's id (all of them: `canaries`)
     reward: float | None = None  # script runner
+    canaries: list[str] = dataclasses.field(default_factory=list)
 
     __test__ = False
 
 
-def _canary_name() -> str:
-    return f"test_{secrets.choice(['check', 'verify', 'regression', 'edge', 'basic'])}_{secrets.token_hex(4)}"
-
-
 def run_tests(task: TaskRecord, diff: str = "", *, canary: bool = True, restore_protected: bool = True,
-              timeout_s: float | None = None, env_id: str | None = None) -> TestRun:
+              timeout_s: float | None = None, env_id: str | None = None,
+              defences: Defences | None = None) -> TestRun:
     """Start a sandbox over `env_id` (default the task's), apply `diff`, restore protected paths,
-    add the hidden tests (+ canary), run the task's test command and collect per-test outcomes.
+    remove shadow modules, add the hidden tests (+ canaries), run the task's test command and
+    collect per-test outcomes.
 
+    defences: which defences run (default: all, except those `canary=False` /
+      `restore_protected=False` switch off — the task builder's gold probes run without them).
     Raises SandboxError for infrastructure failures; `ValueError` if `diff` does not apply.
     """
     from c2jax.envs import start
 
+    d = defences or ALL_DEFENCES
+    if not canary:
+        d = d.without("canary")
+    if not restore_protected:
+        d = d.without("restore_protected")
     env_id = env_id or task.env_id
     touched, _ = diff_paths(diff) if diff.strip() else (set(), [])
     protected_touched = sorted(p for p in touched if is_protected(p, task.protected_paths)) \
-        if restore_protected else []
+        if d.restore_protected else []
+    shadows = shadow_entries(touched, import_dirs(task.test.workdir, dict(task.test.env))) \
+        if d.remove_shadows and task.test.runner == "pytest" else []
+    shadows = [p for p in shadows if not _in_base(env_id, p)]  # the base's own modules are the task's
     flags: list[str] = []
     limits = dict(task.limits)
     limits.setdefault("timeout_s", float(task.timeouts.get("verify_s", 600)))
     t_verify = float(timeout_s or task.timeouts.get("verify_s", 600))
     limits["timeout_s"] = t_verify
     limits["lifetime_s"] = max(float(limits.get("lifetime_s", 0)), t_verify + 120)
+    # the private report arrives on stderr: keep enough of it (the report follows pytest's own output)
+    limits["output_bytes"] = max(int(limits.get("output_bytes", 0)), 64 << 20)
+    limits["output_kill_bytes"] = max(int(limits.get("output_kill_bytes", 1 << 30)), limits["output_bytes"])
     with start(env_id, limits) as sb:
         base_files: dict[str, bytes | None] = {}
         for p in protected_touched:
@@ -244,22 +228,26 @@ def run_tests(task: TaskRecord, diff: str = "", *, canary: bool = True, restore_
             if to_delete:
                 sb.exec(["rm", "-rf", "--", *to_delete])
             flags.append(f"protected_restored:{len(protected_touched)}")
+        if shadows:
+            sb.exec(["rm", "-rf", "--", *shadows])
+            flags.append(f"shadow_removed:{len(shadows)}")
         sb.exec(["rm", "-rf", "--", CTL_DIR])
         hidden = dict(task.hidden_tests.files)
+        if not d.overwrite_hidden:  # (defence off) keep the workspace's copy where there is one
+            present = sb.exec(["sh", "-c", 'for p; do [ -e "$p" ] && printf "%s\\n" "$p"; done; true', "sh",
+                               *hidden]).stdout.split("\n") if hidden else []
+            hidden = {p: t for p, t in hidden.items() if p not in present}
         for p in hidden:
             sb.exec(["rm", "-rf", "--", p])
-        canary_id = None
-        if canary and task.test.runner == "pytest":
+        canaries: list[str] = []
+        if d.canary and task.test.runner == "pytest":
             target = next((p for p in sorted(hidden) if p.endswith(".py")), None)
-            name = _canary_name()
             if target is None:  # no hidden file: a file of its own next to the first F2P test
                 first = task.hidden_tests.FAIL_TO_PASS[0].split("::")[0]
-                d = first.rsplit("/", 1)[0] + "/" if "/" in first else ""
-                target = f"{d}test_{secrets.token_hex(4)}.py"
+                dname = first.rsplit("/", 1)[0] + "/" if "/" in first else ""
+                target = f"{dname}test_{secrets.token_hex(4)}.py"
                 hidden[target] = ""
-            hidden[target] = hidden[target].rstrip("\n") + (
-                f"\n\n\ndef {name}():\n    assert [1, 2] == [2, 1], 'ordering check'\n")
-            canary_id = f"{target}::{name}"
+            hidden[target], canaries = add_canaries(target, hidden[target])
         for p, text in hidden.items():
             sb.write_file(p, text)
         if task.hidden_tests.patch.strip():
@@ -275,11 +263,12 @@ def run_tests(task: TaskRecord, diff: str = "", *, canary: bool = True, restore_
             report = f"{CTL_DIR}/report-{nonce}.json"
             pp = env.get("PYTHONPATH", "")
             env.update({"PYTHONPATH": f"/workspace/{CTL_DIR}" + (":" + pp if pp else ""),
-                        "C2JAX_REPORT": f"/workspace/{report}", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-                        "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+                        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONNOUSERSITE": "1",
+                        "PYTHONDONTWRITEBYTECODE": "1"})
+            env.update({"C2JAX_REPORT_NONCE": nonce} if d.private_report else {"C2JAX_REPORT": f"/workspace/{report}"})
             cmd += ["-p", "c2jax_report", "-p", "no:cacheprovider"]  # no -o: --strict-config rejects it
-            if canary_id:
-                cmd.append(canary_id.split("::")[0])
+            if canaries:
+                cmd.append(canaries[0].split("::")[0])
         else:
             report = task.test.report.lstrip("/")
             if report.startswith("workspace/"):
@@ -288,12 +277,23 @@ def run_tests(task: TaskRecord, diff: str = "", *, canary: bool = True, restore_
             if "/" in report:
                 sb.exec(["mkdir", "-p", "--", report.rsplit("/", 1)[0]])
         res = sb.exec(cmd, timeout=t_verify, env=env, cwd=task.test.workdir)
-        tail = (res.stdout[-3000:] + "\n" + res.stderr[-2000:]).strip()
+        stderr = res.stderr
+        if task.test.runner == "pytest" and d.private_report:  # the report line is not output
+            stderr = re.sub(rf"^C2JAX-REPORT {nonce} .*$\n?", "", stderr, flags=re.M)
+        tail = (res.stdout[-3000:] + "\n" + stderr[-2000:]).strip()
         if res.killed_reason:
             flags.append(res.killed_reason if res.killed_reason in ("timeout", "oom") else "crash")
         outcomes: dict[str, str] = {}
         reported = False
         reward = None
+        if task.test.runner == "pytest" and d.private_report:
+            parsed, problem = parse_report(res.stderr, nonce)
+            if problem:
+                flags.append(problem)
+            else:
+                outcomes, reported = parsed or {}, True
+            return TestRun(outcomes, reported, res.exit_code, res.killed_reason, res.duration_s, tail, flags,
+                           canaries[0] if canaries else None, None, canaries)
         try:
             raw = sb.read_file(report, max_bytes=64 << 20)
             if task.test.runner == "pytest":
@@ -311,13 +311,24 @@ def run_tests(task: TaskRecord, diff: str = "", *, canary: bool = True, restore_
                 AttributeError, IndexError):
             flags.append("no_report")
         return TestRun(outcomes, reported, res.exit_code, res.killed_reason, res.duration_s, tail, flags,
-                       canary_id, reward)
+                       canaries[0] if canaries else None, reward, canaries)
+
+
+def _in_base(env_id: str, path: str) -> bool:
+    """True if workspace-relative `path` exists in the environment's base (files or directories)."""
+    import os
+
+    from c2jax.envs import images
+
+    host = images.lookup(images.load(env_id).layers, path)
+    return host is not None and os.path.lexists(host)
 
 
 _gold_cache: dict[tuple[str, str], TestRun] = {}
 
 
-def _score(task: TaskRecord, run: TestRun) -> GradeResult:
+def score_run(task: TaskRecord, run: TestRun) -> GradeResult:
+    """Reward terms and flags of one `run_tests` result (what `grade` returns for it)."""
     flags = list(run.flags)
     f2p, p2p = task.hidden_tests.FAIL_TO_PASS, task.hidden_tests.PASS_TO_PASS
     if task.test.runner == "script":
@@ -326,13 +337,15 @@ def _score(task: TaskRecord, run: TestRun) -> GradeResult:
         return GradeResult(1.0 if ok else 0.0, ok, frac, 0, False, flags,
                            {"reward": str(run.reward)}, run.duration_s, run.output_tail[-2000:])
     outcomes = {t: run.outcomes.get(t, "missing") for t in (*f2p, *p2p)}
-    canary = run.outcomes.get(run.canary, "missing") if run.canary is not None else None
-    # An unreported canary whose file failed to collect (e.g. the agent's code no longer imports)
-    # is the agent's error, not a patched runner: no tamper flag, but nothing is trusted either.
-    uncollected = canary == "missing" and run.outcomes.get("collect:" + run.canary.split("::")[0]) == "error"
+    canaries = list(run.canaries) or ([run.canary] if run.canary else [])
+    seen = [run.outcomes.get(c, "missing") for c in canaries]
+    # Unreported canaries whose file failed to collect (e.g. the agent's code no longer imports)
+    # are the agent's error, not a patched runner: no tamper flag, but nothing is trusted either.
+    uncollected = bool(canaries) and all(c == "missing" for c in seen) and \
+        run.outcomes.get("collect:" + canaries[0].split("::")[0]) == "error"
     if uncollected and run.reported:
         flags.append("collection_error")
-    elif canary in ("passed", "missing") and run.reported:
+    elif any(c in ("passed", "missing") for c in seen) and run.reported:
         flags.append("tamper:canary")
     n_f2p = sum(outcomes[t] == "passed" for t in f2p)
     regress = sum(outcomes[t] != "passed" for t in p2p)
@@ -340,8 +353,8 @@ def _score(task: TaskRecord, run: TestRun) -> GradeResult:
     resolved = (run.reported and not run.killed_reason and not tampered and not uncollected
                 and n_f2p == len(f2p) and regress == 0)
     frac = 0.0 if tampered or uncollected or not f2p else n_f2p / len(f2p)
-    if run.canary:
-        outcomes["<canary>"] = run.outcomes.get(run.canary, "missing")
+    for i, c in enumerate(seen):
+        outcomes["<canary>" if i == 0 else f"<canary{i + 1}>"] = c
     return GradeResult(1.0 if resolved else 0.0, resolved, frac, regress, False, flags, outcomes,
                        run.duration_s, run.output_tail[-2000:])
 
@@ -374,7 +387,7 @@ def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: fl
     except SandboxError as e:
         return GradeResult(0.0, False, 0.0, 0, True, ["infra:sandbox"], duration_s=time.monotonic() - t0,
                            detail=str(e)[:2000])
-    result = _score(task, run)
+    result = score_run(task, run)
     if diff == task.patch and result.resolved:
         _gold_cache[(task.instance_id, task.env_id)] = run
     if check_gold and not result.resolved and not result.tampered and diff != task.patch:
@@ -389,7 +402,7 @@ def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: fl
                 result.detail = f"gold patch could not be graded: {e}"[:2000]
                 return result
             _gold_cache[key] = gold
-        if not _score(task, gold).resolved:
+        if not score_run(task, gold).resolved:
             result.masked = True
             result.flags.append("infra:gold_fails")
     result.duration_s = time.monotonic() - t0
