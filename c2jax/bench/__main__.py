@@ -11,7 +11,7 @@
     python -m c2jax.bench run --suite S --policy openai --base-url URL [--model NAME] --tokenizer T ...
     python -m c2jax.bench compare OUT_A OUT_B [--k 1,8]   # paired bootstrap pass@k(B) - pass@k(A)
     python -m c2jax.bench envs --suite DIR|tasks.jsonl [--pypi-cache DIR]   # re-create missing envs
-    python -m c2jax.bench convert swebench FILE.jsonl --repos DIR --out DIR
+    python -m c2jax.bench convert swebench FILE.jsonl|FILE.json --repos DIR --out DIR
     python -m c2jax.bench convert harbor TASK_DIR [TASK_DIR ...] --out DIR
     python -m c2jax.bench export harbor --suite DIR|tasks.jsonl [--split eval] --out DIR [--org c2jax]
     python -m c2jax.bench heldout --out heldout.json                  # for data.held_out.packages_file
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if a.format == "swebench":
                 if len(a.inputs) != 1:
-                    print("convert swebench takes one JSONL file", file=sys.stderr)
+                    print("convert swebench takes one JSONL or JSON-array file", file=sys.stderr)
                     return 2
                 tasks, unsupported = convert_swebench(a.inputs[0], a.repos, a.out)
             else:
