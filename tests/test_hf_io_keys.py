@@ -4,14 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from _reference_imports import import_references, require_reference  # noqa: F401
+
 from c2jax.model.config import ModelConfig, RopeScaling, preset
 from c2jax.model.hf_config import (
     CheckpointError, UnsupportedArchitectureError, hf_config_from_model_config, model_config_from_hf)
 from c2jax.model.hf_keys import hf_state_dict_from_params, params_from_hf_state_dict
 from c2jax.model.params_spec import map_specs, param_specs
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+(torch, transformers), pytestmark = import_references("torch", "transformers")
 
 
 def _configs() -> dict[str, ModelConfig]:

@@ -9,6 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from _reference_imports import import_references, require_reference  # noqa: F401
+
 from c2jax.model.config import preset
 from c2jax.model.hf_config import hf_config_from_model_config
 from c2jax.model.hf_formats import dequantize_packed, unpack_int32
@@ -17,8 +19,7 @@ from c2jax.model.hf_keys import hf_state_dict_from_params, params_from_hf_state_
 
 from _hf_ckpt_writers import BF16, assert_trees_equal, fp8_quantise, fp8_quantisable, random_params, write_checkpoint
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+(torch, transformers), pytestmark = import_references("torch", "transformers")
 
 
 def _model(cfg, seed=0):
@@ -68,7 +69,7 @@ def test_transformers_reads_our_save_pretrained(tmp_path, layout):
 def test_fp8_dequant_matches_transformers(tmp_path):
     """transformers' FP8 loader (dequantising on CPU) and ours read the same checkpoint identically.
     transformers needs block-divisible shapes, so this uses an 8x8 block grid."""
-    pytest.importorskip("accelerate")
+    require_reference("accelerate")
     cfg = preset("tiny").replace(mtp_depth=0)
     sd = hf_state_dict_from_params(random_params(cfg, seed=5), cfg)
     t = {}
@@ -90,7 +91,7 @@ def test_fp8_dequant_matches_transformers(tmp_path):
 def test_int4_matches_compressed_tensors():
     """compressed-tensors' own packer + group dequantiser vs our unpack/dequant (bf16 result bit-exact;
     ours is the exact float32 product, theirs rounds in the scale's bf16)."""
-    ct = pytest.importorskip("compressed_tensors")
+    ct = require_reference("compressed_tensors")
     try:  # compressed-tensors >= 0.13 moved the packer
         from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
     except ImportError:
