@@ -57,14 +57,14 @@ def _publish_versions(store, n: int, full_every: int = 3, **kw) -> list[dict]:
 
 
 def test_chain_layout_and_rebuild_of_every_version(tmp_path):
-    versions = _publish_versions(str(tmp_path), 7, full_every=3, keep_full=None)
+    versions = _publish_versions(str(tmp_path), 7, full_every=3, keep_full=None, workers=3)  # leaves in parallel
     idx = store_index(DirStore(str(tmp_path)))
     assert [(v, r.kind, r.base_version) for v, r in sorted(idx.items())] == [
         (1, "full", None), (2, "delta", 1), (3, "delta", 2), (4, "full", None), (5, "delta", 4),
         (6, "delta", 5), (7, "full", None)]
     for v in (6, 2, 7, 3, 1):  # fresh reader per version: rebuilt from the nearest full snapshot
         assert _same(WeightSubscriber(str(tmp_path)).rebuild(v), versions[v - 1])
-    sub = WeightSubscriber(str(tmp_path))
+    sub = WeightSubscriber(str(tmp_path), workers=2)
     for v in range(1, 8):  # one reader walking forward: applies only the new records
         assert _same(sub.rebuild(v), versions[v - 1]) and sub.version == v
     assert sub.latest() == 7 and _same(sub.rebuild(), versions[-1])
@@ -271,7 +271,7 @@ def test_publish_bad_input_is_refused_before_anything_is_written():
     pub.close()
     with pytest.raises(RuntimeError, match="closed"):
         pub.publish(p, 5)
-    for kw in ({"full_every": 0}, {"max_pending": 0}, {"keep_full": 0}, {"level": 99}):
+    for kw in ({"full_every": 0}, {"max_pending": 0}, {"keep_full": 0}, {"level": 99}, {"workers": 0}):
         with pytest.raises(ValueError):
             WeightPublisher(None, **kw)
     with pytest.raises(ValueError, match="existing store"):

@@ -1,8 +1,8 @@
 """Encode one version as a record (full snapshot or XOR delta against the previous upload) and apply
 a record to the weights a reader holds, verifying every step.
 
-    rec, stats, held = encode_version(flat, version, prev=held_or_None, compressor=zstd.ZstdCompressor())
-    held2 = apply_record(rec, held, decompressor, name=..., expect=RecordName(...))
+    rec, stats, held = encode_version(flat, version, prev=held_or_None, level=3, executor=None)
+    held2 = apply_record(rec, held, name=..., expect=RecordName(...), executor=None)
 
 `Held` is a verified set of weights: version, {path: read-only host array}, and its `tree_digest`.
 `apply_record` never mutates its input: it returns a new `Held` only after the record's checksum,
@@ -12,8 +12,10 @@ out; otherwise it raises (errors.py) and the caller still holds the old, intact 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
-from typing import Any, Mapping, Optional
+from concurrent.futures import Executor
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import zstandard
@@ -92,13 +94,34 @@ def freeze(flat: Mapping[tuple, Any]) -> dict[tuple, np.ndarray]:
 
 
 FILTERS = ("none", "byteplanes")
+_local = threading.local()
 
 
-def encode_version(flat: Mapping[tuple, np.ndarray], version: int, prev: Optional[Held],
-                   compressor: zstandard.ZstdCompressor, byteplanes: bool = True) -> tuple[bytes, PublishStats, Held]:
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """A zstd compressor of `level` owned by the calling thread (compressor objects are not thread-safe)."""
+    cache = _local.__dict__.setdefault("compressors", {})
+    if level not in cache:
+        cache[level] = zstandard.ZstdCompressor(level=level)
+    return cache[level]
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    if not hasattr(_local, "decompressor"):
+        _local.decompressor = zstandard.ZstdDecompressor()
+    return _local.decompressor
+
+
+def _map(fn: Callable, items: list, executor: Optional[Executor]) -> list:
+    """fn over items in order: serially, or on `executor` (numpy, hashlib and zstd release the GIL)."""
+    return [fn(i) for i in items] if executor is None else list(executor.map(fn, items))
+
+
+def encode_version(flat: Mapping[tuple, np.ndarray], version: int, prev: Optional[Held], *, level: int = 3,
+                   byteplanes: bool = True, executor: Optional[Executor] = None) -> tuple[bytes, PublishStats, Held]:
     """flat: host arrays of the new upload (owned by the caller's worker; frozen here). ``prev`` None
     -> full snapshot, else an XOR delta against ``prev`` (same signature required). ``byteplanes``:
-    each leaf's bytes are regrouped by byte position before zstd (`deltas.to_byteplanes`)."""
+    each leaf's bytes are regrouped by byte position before zstd (`deltas.to_byteplanes`).
+    ``executor``: leaves are encoded in parallel on it; the record is byte-identical either way."""
     t0 = time.monotonic()
     cur = freeze(flat)
     if prev is not None:
@@ -106,24 +129,30 @@ def encode_version(flat: Mapping[tuple, np.ndarray], version: int, prev: Optiona
         if why:
             raise TreeMismatchError(f"version {version} differs from the previous upload {prev.version}: {why}")
     kind = "full" if prev is None else "delta"
-    leaves, chunks, offset = [], [], 0
-    st = PublishStats(version=version, kind=kind, base_version=None if prev is None else prev.version,
-                      raw_bytes=0, stored_bytes=0, identical=None if prev is None else {})
-    for path, x in cur.items():
-        d = np.dtype(x.dtype).name
+
+    def encode_leaf(path: tuple) -> tuple[bytes, str, Optional[int]]:
+        x = cur[path]
+        same = None
         if prev is None:
             body = deltas.raw_bytes_view(x)
         else:
             xd = deltas.xor_bits(prev.flat[path], x)  # [N] uint
-            st.identical[d] = st.identical.get(d, 0) + deltas.count_identical(xd)
+            same = deltas.count_identical(xd)
             body = xd.view(np.uint8)
         if byteplanes:
             body = deltas.to_byteplanes(body, x.dtype.itemsize)
-        blob = compressor.compress(body)
-        spec = dict(deltas.leaf_spec(path, x), sha256=deltas.leaf_sha256(x), offset=offset, length=len(blob))
-        leaves.append(spec)
-        chunks.append(blob)
+        return _compressor(level).compress(body), deltas.leaf_sha256(x), same
+
+    encoded = _map(encode_leaf, list(cur), executor)
+    leaves, offset = [], 0
+    st = PublishStats(version=version, kind=kind, base_version=None if prev is None else prev.version,
+                      raw_bytes=0, stored_bytes=0, identical=None if prev is None else {})
+    for (path, x), (blob, sha, same) in zip(cur.items(), encoded):
+        d = np.dtype(x.dtype).name
+        leaves.append(dict(deltas.leaf_spec(path, x), sha256=sha, offset=offset, length=len(blob)))
         offset += len(blob)
+        if same is not None:
+            st.identical[d] = st.identical.get(d, 0) + same
         st.elements[d] = st.elements.get(d, 0) + int(x.size)
         st.raw_bytes_by_dtype[d] = st.raw_bytes_by_dtype.get(d, 0) + int(x.nbytes)
         st.stored_bytes_by_dtype[d] = st.stored_bytes_by_dtype.get(d, 0) + len(blob)
@@ -134,18 +163,19 @@ def encode_version(flat: Mapping[tuple, np.ndarray], version: int, prev: Optiona
               "compression": "zstd", "filter": "byteplanes" if byteplanes else "none", "leaves": leaves}
     st.encode_s = time.monotonic() - t0
     header["stats"] = st.to_dict()
-    data = encode_record(header, b"".join(chunks))
+    data = encode_record(header, b"".join(e[0] for e in encoded))
     st.record_bytes = len(data)
     return data, st, Held(int(version), cur, digest)
 
 
-def apply_record(data: bytes, held: Optional[Held], decompressor: zstandard.ZstdDecompressor, *,
-                 name: str = "", expect: Optional[RecordName] = None) -> Held:
+def apply_record(data: bytes, held: Optional[Held], *, name: str = "", expect: Optional[RecordName] = None,
+                 executor: Optional[Executor] = None) -> Held:
     """The weights `data` rebuilds from ``held`` (None: only a full snapshot applies). Checks, in
     order and before any leaf is written: checksum and header (CorruptRecordError), the labels the
     file name promised (``expect``; StaleRecordError if the file holds another version), staleness
     (StaleRecordError), the delta's base version and digest against ``held`` (BaseMismatchError);
-    then, per leaf, the sha256 of the rebuilt array (CorruptRecordError)."""
+    then, per leaf, the sha256 of the rebuilt array (CorruptRecordError). ``executor``: leaves are
+    decoded in parallel on it."""
     v_expect = expect.version if expect is not None else None
     h, payload = decode_record(data, name=name, expect_version=v_expect)
     version, kind = int(h["version"]), h["kind"]
@@ -166,35 +196,38 @@ def apply_record(data: bytes, held: Optional[Held], decompressor: zstandard.Zstd
     filt = h.get("filter", "none")
     if filt not in FILTERS:
         raise CorruptRecordError(version, f"unknown filter {filt!r} (known: {FILTERS})", name)
-    out: dict[tuple, np.ndarray] = {}
-    for leaf in h["leaves"]:
+
+    def decode_leaf(leaf: dict) -> np.ndarray:
         path = tuple(leaf["path"])
         dt, shape = deltas.dtype_from_name(leaf["dtype"]), tuple(leaf["shape"])
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         blob = payload[leaf["offset"]:leaf["offset"] + leaf["length"]]
         try:
-            raw = decompressor.decompress(blob, max_output_size=nbytes)
+            raw = _decompressor().decompress(blob, max_output_size=nbytes)
         except zstandard.ZstdError as e:
             raise CorruptRecordError(version, f"leaf {deltas.path_str(path)}: zstd: {e}", name) from None
         if len(raw) != nbytes:
             raise CorruptRecordError(version, f"leaf {deltas.path_str(path)} decompressed to {len(raw)} bytes, "
                                               f"expected {nbytes}", name)
+        b = np.frombuffer(raw, np.uint8)
         if filt == "byteplanes":
-            raw = deltas.from_byteplanes(np.frombuffer(raw, np.uint8), dt.itemsize)
+            b = deltas.from_byteplanes(b, dt.itemsize)
         if kind == "full":
-            x = np.frombuffer(raw, dtype=dt).reshape(shape)
+            x = b.view(dt).reshape(shape)
         else:
             prev = held.flat.get(path)
             if prev is None or prev.dtype != dt or prev.shape != shape:
                 raise BaseMismatchError(version, base, held.version,
                                         f"leaf {deltas.path_str(path)} is not in the held weights with "
                                         f"dtype {dt} and shape {shape}")
-            x = deltas.apply_xor_bits(prev, np.frombuffer(raw, dtype=deltas.uint_view_dtype(dt)))
+            x = deltas.apply_xor_bits(prev, b.view(deltas.uint_view_dtype(dt)))
         if deltas.leaf_sha256(x) != leaf["sha256"]:
             raise CorruptRecordError(version, f"leaf {deltas.path_str(path)} rebuilt to different bytes than "
                                               f"the publisher's (sha256 mismatch)", name)
         x.flags.writeable = False
-        out[path] = x
+        return x
+
+    out = {tuple(leaf["path"]): x for leaf, x in zip(h["leaves"], _map(decode_leaf, h["leaves"], executor))}
     if kind == "delta" and set(out) != set(held.flat):
         raise BaseMismatchError(version, base, held.version, "the delta does not cover every held leaf")
     if deltas.tree_digest(dict(leaf, path=list(leaf["path"])) for leaf in h["leaves"]) != h["digest"]:

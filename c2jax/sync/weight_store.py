@@ -27,6 +27,9 @@ corrupt record (checksum), a stale record (not newer than what the reader holds,
 another version than its name), a delta applied to another base (version or content), a missing
 link in the chain. A failed step leaves the reader holding its previous, intact weights.
 
+``workers`` (publisher and subscriber): leaves are encoded / decoded on that many threads (numpy,
+hashlib and zstd release the GIL); records are byte-identical for any value.
+
 ``wire_dtype``: the dtype the engine receives (e.g. ``bfloat16`` while the trainer keeps f32
 masters); floating leaves are cast to it, others are sent as they are. The ``share of bit-identical
 elements`` statistics are per dtype of the published (wire) arrays.
@@ -41,7 +44,6 @@ from typing import Any, Optional, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
-import zstandard
 
 from c2jax.sync import deltas
 from c2jax.sync.codec import Held, PublishStats, apply_record, encode_version
@@ -67,7 +69,7 @@ class WeightPublisher:
     """The trainer's side: see the module docstring."""
 
     def __init__(self, store: StoreLike = None, *, full_every: int = 10, wire_dtype: Optional[str] = None,
-                 level: int = 3, threads: int = 0, max_pending: int = 2, keep_full: Optional[int] = 2,
+                 level: int = 3, workers: int = 1, max_pending: int = 2, keep_full: Optional[int] = 2,
                  replace_newer: bool = False, byteplanes: bool = True) -> None:
         if not isinstance(full_every, int) or full_every < 1:
             raise ValueError(f"full_every must be an int >= 1, got {full_every!r}")
@@ -83,7 +85,11 @@ class WeightPublisher:
         self.store = open_store(store)
         self.full_every, self.keep_full, self.replace_newer = full_every, keep_full, replace_newer
         self.byteplanes = bool(byteplanes)
-        self._compressor = zstandard.ZstdCompressor(level=int(level), threads=int(threads))
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        self.level = int(level)
+        self._leaf_pool = (concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="c2jax-weight-encode")
+                           if workers > 1 else None)
         self._device_copy = jax.jit(self._copy_leaves)
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="c2jax-weight-publish")
         self._slots = threading.BoundedSemaphore(max_pending)
@@ -143,6 +149,8 @@ class WeightPublisher:
         finally:
             self._closed = True
             self._executor.shutdown(wait=True)
+            if self._leaf_pool is not None:
+                self._leaf_pool.shutdown(wait=True)
 
     def __enter__(self) -> "WeightPublisher":
         return self
@@ -210,8 +218,8 @@ class WeightPublisher:
         try:
             flat = {p: deltas.as_host(x) for p, x in snapshot.items()}
             del snapshot
-            data, st, held = encode_version(flat, version, None if full else self._prev, self._compressor,
-                                              byteplanes=self.byteplanes)
+            data, st, held = encode_version(flat, version, None if full else self._prev, level=self.level,
+                                              byteplanes=self.byteplanes, executor=self._leaf_pool)
             t0 = time.monotonic()
             self.store.put(record_name(version, st.kind, st.base_version), data)
             st.write_s = time.monotonic() - t0
@@ -246,13 +254,16 @@ class WeightPublisher:
 class WeightSubscriber:
     """The inference side: see the module docstring. Thread-safe."""
 
-    def __init__(self, store: StoreLike) -> None:
+    def __init__(self, store: StoreLike, *, workers: int = 1) -> None:
         if store is None:
             raise ValueError("a WeightSubscriber reads an existing store: pass a directory or the publisher's .store")
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         self.store = open_store(store)
         self._held: Optional[Held] = None
-        self._decompressor = zstandard.ZstdDecompressor()
         self._lock = threading.Lock()
+        self._pool = (concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="c2jax-weight-decode")
+                      if workers > 1 else None)
 
     @property
     def version(self) -> Optional[int]:
@@ -291,7 +302,7 @@ class WeightSubscriber:
                 except KeyError:
                     raise MissingLinkError(version, r.version, f"{r.name} disappeared (pruned?)") from None
                 start = None if r.kind == "full" else held
-                held = apply_record(data, start, self._decompressor, name=r.name, expect=r)
+                held = apply_record(data, start, name=r.name, expect=r, executor=self._pool)
                 self._held = held
             return held
 
@@ -299,7 +310,7 @@ class WeightSubscriber:
         """Push transport: apply one record's bytes to the held weights; returns the new version."""
         with self._lock:
             r = parse_name(name) if name else None
-            self._held = apply_record(data, self._held, self._decompressor, name=name, expect=r)
+            self._held = apply_record(data, self._held, name=name, expect=r, executor=self._pool)
             return self._held.version
 
     @staticmethod
