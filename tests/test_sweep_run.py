@@ -97,6 +97,9 @@ def test_ray_backend_same_results_path(tmp_path, monkeypatch):
     work = tmp_path / "sw"
     r = _sweep(work, "--grid", "smoke.learning_rate=[1e-3,1e30]", "--backend", "ray", "--max-parallel", "2",
                "--metric", "smoke.final_loss")
+    if r.returncode == 2 and "could not start or reach Ray" in r.stderr:
+        assert not list(work.glob("cells/*/run.log"))  # nothing ran
+        pytest.skip("the local Ray node did not come up on this machine (ray-project/ray#65983 under load)")
     assert r.returncode == 1, r.stdout + r.stderr[-3000:]
     assert "(ray, max 2 at a time)" in r.stdout and "FAILED smoke.learning_rate=1e30__seed=0" in r.stdout
     rows = results.read_csv(str(work / "results.csv"))

@@ -77,7 +77,8 @@ def _execute_ray(jobs: Sequence[Job], max_parallel: int, address: str | None) ->
                          log_to_driver=False)
         except Exception as e:  # ray raises bare Exception for a node that did not come up
             raise RuntimeError(f"could not start or reach Ray ({address or 'local 127.0.0.1'}): {e}; no cell was "
-                               "run (a loaded machine may need RAY_raylet_start_wait_time_s=120)") from e
+                               "run (on a heavily loaded machine the raylet can die waiting 15 s for the dashboard agent's "
+                               "port file, ray-project/ray#65983: retry when the load drops)") from e
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_command)
