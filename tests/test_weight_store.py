@@ -355,3 +355,26 @@ def test_resolve_weight_sync_defaults_and_errors():
     msg = str(e.value)
     for part in ("mode must be", "full_every must be", "wire_dtype must be", "unknown key 'bogus'", "level must be"):
         assert part in msg
+
+
+def test_weight_sync_skips_a_version_pruned_behind_a_newer_snapshot():
+    gate = threading.Event()
+
+    class SlowEngine(_FakeEngine):
+        def update_weights(self, params, version):
+            gate.wait(30)
+            super().update_weights(params, version)
+
+    eng = SlowEngine()
+    sync = WeightSync(eng, {"mode": "delta", "full_every": 1, "keep_full": 1})
+    p = _params()
+    sync.publish(p, 1)  # its delivery blocks inside the engine
+    for v in (2, 3):
+        p = _step(p, v)
+        sync.publish(p, v)
+    sync.publisher.flush()
+    assert sorted(store_index(sync.publisher.store)) == [3]  # 2 was pruned before the reader got to it
+    gate.set()
+    assert sync.wait() == 3
+    assert [v for v, _ in eng.updates] == [1, 3] and _same(eng.updates[-1][1], p)
+    sync.close()

@@ -4,6 +4,8 @@ directly on the new weights, and the engine reports the published version. Slow:
 compiles its prefill / decode steps."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,9 @@ def test_delta_weight_sync_reaches_the_engine_bit_exact():
     old, new = tiny_params(0, 4.0), tiny_params(1, 4.0)
     prompts = random_prompts(np.random.default_rng(3), [7, 12])
     reference = _greedy(Engine(new, CFG, ENGINE_CFG, version=5), prompts)
-    eng = Engine(old, CFG, ENGINE_CFG, version=0)
+    # as the rl stage runs it: an update drops the prefix cache's stale KV (else reused prompts keep
+    # the old weights' KV and their old version, by design)
+    eng = Engine(old, CFG, dataclasses.replace(ENGINE_CFG, recompute_cache_on_update=True), version=0)
     before = _greedy(eng, prompts)
     assert before != reference  # control: the two weight sets sample differently
     sync = WeightSync(eng, {"mode": "delta", "full_every": 2})

@@ -24,6 +24,7 @@ import concurrent.futures
 import time
 from typing import Any, Mapping, Optional
 
+from c2jax.sync.errors import MissingLinkError
 from c2jax.sync.weight_store import WeightPublisher, WeightSubscriber, publish_to_engine
 
 DEFAULTS = {"mode": "direct", "full_every": 10, "dir": None, "wire_dtype": None, "keep_full": 2, "level": 3}
@@ -87,7 +88,13 @@ class WeightSync:
 
     def _deliver(self, written: concurrent.futures.Future, version: int) -> int:
         written.result()
-        return publish_to_engine(self.engine, self.subscriber, version)
+        try:
+            return publish_to_engine(self.engine, self.subscriber, version)
+        except MissingLinkError:
+            latest = self.subscriber.latest()
+            if latest is not None and latest > version:
+                return version  # pruned behind a newer full snapshot: the delivery queued after this one wins
+            raise
 
     def wait(self, timeout: Optional[float] = None) -> Optional[int]:
         """Block until the engine holds the last published version (returned); re-raise the first failed
