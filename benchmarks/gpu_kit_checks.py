@@ -148,6 +148,8 @@ def lowering_cases() -> dict:
                                     (S((m, k), jnp.bfloat16), S((g, k, n), jnp.bfloat16), gs), tri),
         "triton gmm fp8bw": (lambda a, sa, w, sw, s: triton_gmm.gmm((a, sa), (w, sw), s, kind="fp8bw"),
                              (S((m, k), e4), S((m, k // 128), f32), S((g, k, n), e4), S((g, k // 128, n // 128), f32), gs), tri),
+        "triton gmm fp8bw (K-major W)": (lambda a, sa, w, sw, s: triton_gmm.gmm((a, sa), (w, sw), s, kind="fp8bw", rhs_kmajor=True),
+                                         (S((m, k), e4), S((m, k // 128), f32), S((g, n, k), e4), S((g, k // 128, n // 128), f32), gs), tri),
         "triton gmm mx": (lambda a, sa, w, sw, s: triton_gmm.gmm((a, sa), (w, sw), s, kind="mx"),
                           (S((m, k), e4), S((m, k // 32), u8), S((g, k, n), e4), S((g, k // 32, n), u8), gs), tri),
         "triton tgmm plain (bf16)": (lambda a, d, s: triton_gmm.tgmm((a,), (d,), s, kind="plain"),

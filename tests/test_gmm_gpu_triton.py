@@ -71,11 +71,13 @@ def test_triton_gmm_mxfp8_interpret_matches_dequantised_oracle():
 
 
 @pytest.mark.slow
-def test_triton_gmm_fp8_blockwise_interpret_matches_dequantised_oracle():
+@pytest.mark.parametrize("kmajor", [False, True])
+def test_triton_gmm_fp8_blockwise_interpret_matches_dequantised_oracle(kmajor):
     x, w, _ = _data(k=256, n=128)
     qa, qw = _qz(x, "fp8_blockwise", 1), _qz(w, "fp8_blockwise", 1, tile=(128, 128))
-    out = triton_gmm.gmm((e4(qa.data), qa.scales), (e4(qw.data), qw.scales), GS, kind="fp8bw",
-                         config=triton_gmm.TileConfig(32, 128, 64, 4, 2), interpret=True)
+    codes = e4(jnp.swapaxes(qw.data, 1, 2) if kmajor else qw.data)  # (G,N,K) copy or (G,K,N)
+    out = triton_gmm.gmm((e4(qa.data), qa.scales), (codes, qw.scales), GS, kind="fp8bw",
+                         config=triton_gmm.TileConfig(32, 128, 64, 4, 2), interpret=True, rhs_kmajor=kmajor)
     _assert_within(out, qref.dequantize(qa), qref.dequantize(qw), GS, 256)
 
 
@@ -163,6 +165,8 @@ LOWERING = {
     "gmm_plain_f32": (lambda a, w, s: triton_gmm.gmm((a,), (w,), s, kind="plain"), (S((M, K), F32), S((G, K, N), F32))),
     "gmm_fp8bw": (lambda a, sa, w, sw, s: triton_gmm.gmm((a, sa), (w, sw), s, kind="fp8bw"),
                   (S((M, K), F8), S((M, K // 128), F32), S((G, K, N), F8), S((G, K // 128, N // 128), F32))),
+    "gmm_fp8bw_kmajor": (lambda a, sa, w, sw, s: triton_gmm.gmm((a, sa), (w, sw), s, kind="fp8bw", rhs_kmajor=True),
+                         (S((M, K), F8), S((M, K // 128), F32), S((G, N, K), F8), S((G, K // 128, N // 128), F32))),
     "gmm_mx": (lambda a, sa, w, sw, s: triton_gmm.gmm((a, sa), (w, sw), s, kind="mx"),
                (S((M, K), F8), S((M, K // 32), U8), S((G, K, N), F8), S((G, K // 32, N), U8))),
     "tgmm_plain": (lambda a, d, s: triton_gmm.tgmm((a,), (d,), s, kind="plain"), (S((M, K), BF), S((M, N), BF))),

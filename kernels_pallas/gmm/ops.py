@@ -67,7 +67,11 @@ def _triton_gmm(lhs_ops, rhs_ops, gs, kind, impl):
     k, np_ = lhs_ops[0].shape[1], rhs_ops[0].shape[2]
     cfg = triton_gmm.fit_config(triton_gmm.GMM_DEFAULTS[kind], k, np_,
                                 k_min={"plain": 16, "mx": 32, "fp8bw": 128}[kind])
-    out = triton_gmm.gmm(lhs_ops, rhs_ops, gs, kind=kind, config=cfg, interpret=impl == "triton_interpret")
+    kmajor = kind == "fp8bw"  # FP8 wgmma reads K-major operands: pass the transposed weight copy
+    if kmajor:
+        rhs_ops = (jnp.swapaxes(rhs_ops[0], 1, 2),) + tuple(rhs_ops[1:])
+    out = triton_gmm.gmm(lhs_ops, rhs_ops, gs, kind=kind, config=cfg, interpret=impl == "triton_interpret",
+                         rhs_kmajor=kmajor)
     return out[:, :n]
 
 

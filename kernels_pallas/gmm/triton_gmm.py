@@ -115,7 +115,8 @@ def _pad_rows(x: jax.Array, mult: int) -> jax.Array:
 
 
 # ------------------------------------------------------------------ forward / dgrad
-def _gmm_kernel(grp_ref, tile_ref, starts_ref, ends_ref, *refs, kind: str, nk: int, cfg: TileConfig):
+def _gmm_kernel(grp_ref, tile_ref, starts_ref, ends_ref, *refs, kind: str, nk: int, cfg: TileConfig,
+                rhs_kmajor: bool):
     o_ref = refs[-1]
     tm, tk, tn = cfg.tm, cfg.tk, cfg.tn
     i, j = pl.program_id(0), pl.program_id(1)
@@ -131,7 +132,11 @@ def _gmm_kernel(grp_ref, tile_ref, starts_ref, ends_ref, *refs, kind: str, nk: i
             return acc + _dot(a_ref[pl.ds(row0, tm), pl.ds(k0, tk)], b_ref[g, pl.ds(k0, tk), pl.ds(col0, tn)])
         if kind == "fp8bw":                                               # tk == 128: one promotion
             a_ref, sa_ref, b_ref, sb_ref = refs[:4]
-            part = _dot(a_ref[pl.ds(row0, tm), pl.ds(k0, tk)], b_ref[g, pl.ds(k0, tk), pl.ds(col0, tn)])
+            if rhs_kmajor:  # (G, N, K) copy: the (tn, tk) tile transposed is K-major, as FP8 wgmma wants
+                b = b_ref[g, pl.ds(col0, tn), pl.ds(k0, tk)].T
+            else:
+                b = b_ref[g, pl.ds(k0, tk), pl.ds(col0, tn)]
+            part = _dot(a_ref[pl.ds(row0, tm), pl.ds(k0, tk)], b)
             sa = sa_ref[pl.ds(row0, tm), kk]                              # (tm,)
             sb = sb_ref[g, kk, col0 // 128]                               # scalar (tn divides 128)
             return acc + part * sa[:, None] * sb
@@ -159,16 +164,23 @@ def _check_kind(kind: str, cfg: TileConfig, k: int, n: int, what: str) -> None:
 
 
 def gmm(lhs_ops: tuple, rhs_ops: tuple, group_sizes: jax.Array, *, kind: str, out_dtype=jnp.float32,
-        config: TileConfig | None = None, interpret: bool = False) -> jax.Array:
+        config: TileConfig | None = None, interpret: bool = False, rhs_kmajor: bool = False) -> jax.Array:
     """Grouped matmul -> (M, N) `out_dtype`; rows past sum(group_sizes) are zero.
 
     lhs_ops: plain (lhs (M,K),); fp8bw (codes e4m3 (M,K), f32 (M,K/128)); mx (codes e4m3 (M,K),
     E8M0 bytes (M,K/32)). rhs_ops: plain (rhs (G,K,N),); fp8bw (codes e4m3 (G,K,N), f32
     (G,K/128,N/128)); mx (codes e4m3 (G,K,N), E8M0 bytes (G,K/32,N)). `interpret=True` runs on CPU.
+    `rhs_kmajor=True` (fp8bw only): the rhs codes come as a transposed (G,N,K) copy, the K-major
+    layout Hopper's FP8 wgmma reads without a re-layout (scales unchanged).
     """
     cfg = config or GMM_DEFAULTS.get(kind, TileConfig())
+    if rhs_kmajor and kind != "fp8bw":
+        raise ValueError("rhs_kmajor applies to kind='fp8bw' only (16-bit operands transpose for free)")
     m, k = lhs_ops[0].shape
-    g, k2, n = rhs_ops[0].shape
+    if rhs_kmajor:
+        g, n, k2 = rhs_ops[0].shape
+    else:
+        g, k2, n = rhs_ops[0].shape
     if k != k2 or group_sizes.shape != (g,):
         raise ValueError(f"gmm: lhs {lhs_ops[0].shape}, rhs {rhs_ops[0].shape}, group_sizes {group_sizes.shape}")
     _check_kind(kind, cfg, k, n, "gmm")
@@ -178,7 +190,7 @@ def gmm(lhs_ops: tuple, rhs_ops: tuple, group_sizes: jax.Array, *, kind: str, ou
     grp, tile, _, _ = tile_schedule(gs, mp, cfg.tm)
     starts, ends = group_bounds(gs)
     out = pl.pallas_call(
-        functools.partial(_gmm_kernel, kind=kind, nk=k // cfg.tk, cfg=cfg),
+        functools.partial(_gmm_kernel, kind=kind, nk=k // cfg.tk, cfg=cfg, rhs_kmajor=rhs_kmajor),
         grid=(grp.shape[0], n // cfg.tn),
         out_shape=jax.ShapeDtypeStruct((mp, n), out_dtype),
         compiler_params=_params(cfg), interpret=interpret, name=f"triton_gmm_{kind}",
