@@ -190,7 +190,7 @@ def ab_step_time(args) -> dict:
                 times[arm].append(time.perf_counter() - t0)
                 i += 1
     pub.close()
-    enc = [s.encode_s for s in pub.history[2:]]
+    enc = [s.encode_s for s in list(pub.history)[2:]]
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
     return {"optimizer": opt, "lr": lr, "repeats": len(times["on"]), "off_median_s": off, "on_median_s": on,
             "ratio_on_over_off": on / off, "within_10pct": on / off <= 1.10,

@@ -20,7 +20,8 @@ then snapshots every leaf — a device-side copy (cast to ``wire_dtype`` if give
 so the trainer may donate or overwrite its buffers at once; a host copy for numpy arrays — and
 queues it. The worker pulls the snapshot to host, XORs it with the previous upload, compresses,
 hashes and writes one record (records.py) atomically. At most ``max_pending`` publishes are
-queued; a further `publish` waits for a slot (back-pressure instead of unbounded memory).
+queued; a further `publish` waits for a slot before copying anything (back-pressure instead of
+unbounded memory). Call `publish` from one thread.
 
 Rebuilt weights are bit-identical to what was published or an error is raised (errors.py): a
 corrupt record (checksum), a stale record (not newer than what the reader holds, or a file holding
@@ -36,6 +37,7 @@ elements`` statistics are per dtype of the published (wire) arrays.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import threading
 import time
@@ -79,14 +81,14 @@ class WeightPublisher:
             raise ValueError(f"keep_full must be None or an int >= 1, got {keep_full!r}")
         if not -7 <= int(level) <= 22:
             raise ValueError(f"zstd level must be in [-7, 22], got {level!r}")
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         self.wire_dtype = None if wire_dtype is None else deltas.dtype_from_name(str(wire_dtype))
         if self.wire_dtype is not None and not jnp.issubdtype(self.wire_dtype, jnp.floating):
             raise ValueError(f"wire_dtype must be a floating dtype, got {wire_dtype!r}")
         self.store = open_store(store)
         self.full_every, self.keep_full, self.replace_newer = full_every, keep_full, replace_newer
         self.byteplanes = bool(byteplanes)
-        if not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         self.level = int(level)
         self._leaf_pool = (concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="c2jax-weight-encode")
                            if workers > 1 else None)
@@ -100,7 +102,7 @@ class WeightPublisher:
         self._uploads = 0
         self._failure: Optional[PublishError] = None
         self._futures: list[concurrent.futures.Future] = []
-        self.history: list[PublishStats] = []
+        self.history: collections.deque[PublishStats] = collections.deque(maxlen=10_000)  # newest last
         self._closed = False
 
     # caller side ----------------------------------------------------------------------------
@@ -123,12 +125,16 @@ class WeightPublisher:
                                         f"upload {self._last_version}: {why}")
         if self._last_version is None:
             self._check_store(version)
-        snapshot = self._snapshot(flat)
-        full = self._uploads % self.full_every == 0
+        self._slots.acquire()  # back-pressure before copying: at most max_pending snapshots exist
+        try:
+            snapshot = self._snapshot(flat)
+            full = self._uploads % self.full_every == 0
+            fut = self._executor.submit(self._work, snapshot, version, full, time.monotonic())
+        except BaseException:
+            self._slots.release()
+            raise
         self._signature, self._last_version = sig, version
         self._uploads += 1
-        self._slots.acquire()
-        fut = self._executor.submit(self._work, snapshot, version, full, time.monotonic())
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()] + [fut]
         return fut
