@@ -109,9 +109,12 @@ def _tile_rows(n_assign: int, n_experts: int) -> int:
     return int(min(128, max(8, -(-per // 8) * 8)))
 
 
-# A/B switch (read at trace time): True = `_tile_matmul` below; False = autodiff through the
-# per-tile weight gather (saves the gathered [tiles, K, F] weights of every layer for the backward).
+# A/B switches (read at trace time; benchmarks/model_step.py rows jax-dropless@VARIANT).
+# TILED_CUSTOM_VJP: True = `_tile_matmul` below; False = autodiff through the per-tile weight
+# gather (saves the gathered [tiles, K, F] weights of every layer for the backward).
+# TILED_FUSED_GATE_UP: gate and up projections as one [tiles, R, 2F] matmul (f32, custom VJP).
 TILED_CUSTOM_VJP = True
+TILED_FUSED_GATE_UP = True
 
 
 @jax.custom_vjp
@@ -166,8 +169,12 @@ def _tiled_swiglu(p: dict, x: jax.Array, order, token, sizes, inverse, n_experts
                               n_experts - 1)
     x_pad = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)], axis=0)
     buf = x_pad[row_token].reshape(n_tiles, tile, d)
-    g = _tiles_times_experts(buf, p["gate_proj"], tile_expert, precision)
-    u = _tiles_times_experts(buf, p["up_proj"], tile_expert, precision)
+    if TILED_FUSED_GATE_UP and TILED_CUSTOM_VJP and precision == "f32":
+        w_gu = jnp.concatenate([p["gate_proj"], p["up_proj"]], axis=-1)  # [E, D, 2F]
+        g, u = jnp.split(_tile_matmul(buf, w_gu, tile_expert), 2, axis=-1)  # [T, R, F] each
+    else:
+        g = _tiles_times_experts(buf, p["gate_proj"], tile_expert, precision)
+        u = _tiles_times_experts(buf, p["up_proj"], tile_expert, precision)
     out = _tiles_times_experts(jax.nn.silu(g) * u, p["down_proj"], tile_expert, precision)
     return out.reshape(n_tiles * tile, d)[row]
 
