@@ -231,7 +231,11 @@ def time_alone(rows: list[str], d: str, args) -> dict:
     for r in rows:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", r, "--dir", d, "--repeats", str(args.repeats),
                "--warmup", str(args.warmup)] + (["--omp-default"] if args.omp_default else [])
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout)
+        except subprocess.TimeoutExpired:
+            out[r] = {"error": f"worker timed out after {args.worker_timeout:.0f} s"}
+            continue
         res = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         if p.returncode or not res:
             out[r] = {"error": (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"rc {p.returncode}"]}
