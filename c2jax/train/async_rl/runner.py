@@ -166,8 +166,11 @@ class AsyncRL:
         else:
             self.held = (state.params, new_version)
         publish_s = time.monotonic() - t0
+        now = time.monotonic()
+        step_s, self._t_last_step = now - getattr(self, "_t_last_step", now - t_train - wait_s), now
         metrics.update({"version": float(new_version), "engine_version": float(self.publisher.live_version()),
                         "time/publish_s": publish_s, "time/train_s": t_train, "time/trainer_wait_s": wait_s,
+                        "time/step_s": step_s,
                         "async/ready_groups": float(self.rec.ready_count()),
                         "async/running_groups": float(self.rec.running()),
                         "async/dropped_groups": float(self.rec.n_dropped_groups)})
