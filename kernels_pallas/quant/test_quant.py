@@ -1,6 +1,7 @@
 """Quantiser tests: one parametrised base run against every impl (reference 'xla' and Pallas
-'interpret'); bit-exactness against committed golden vectors (torchao 0.18.0 to_mx RCEIL, TE's
-NVFP4 formula, DeepGEMM's FP8 casts), pinned edge cases, exact-division sites vs numpy, batch
+'interpret'); bit-exactness against committed golden vectors (torchao 0.18.0 to_mx RCEIL — library
+output; TE's NVFP4 formula and DeepGEMM's FP8 casts — FORMULA TRANSCRIPTIONS re-typed in torch, not
+TE/DeepGEMM output: see torch_refs.py for files and commits), pinned edge cases, exact-division sites vs numpy, batch
 invariance, and (when torch is installed) a live comparison on fresh inputs."""
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def test_mx_matches_torchao_rceil(golden, impl, fmt, e):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("fmt,key", [("nvfp4", "nvfp4"), ("nvfp4_per_token", "nvfp4_row")])
 def test_nvfp4_matches_te_formula(golden, impl, fmt, key):
+    """Golden bytes from our transcription of TE's reference formula (torch_refs.te_nvfp4), not TE."""
     d, s, gs = q_np(golden["x"], fmt, impl)
     np.testing.assert_array_equal(s, golden[f"{key}_scales"])
     np.testing.assert_array_equal(d, golden[f"{key}_data"])
@@ -57,6 +59,7 @@ def test_nvfp4_matches_te_formula(golden, impl, fmt, key):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("tile", ["1x128", "128x128"])
 def test_fp8_blockwise_matches_deepgemm(golden, impl, tile):
+    """Golden bytes from our transcription of DeepGEMM's casts (torch_refs.deepgemm_fp8), not DeepGEMM."""
     xw = np.concatenate([golden["x"], -golden["x"][::-1]])[:128]
     t = (1, 128) if tile == "1x128" else (128, 128)
     d, s, _ = q_np(xw, "fp8_blockwise", impl, tile=t)

@@ -1,4 +1,20 @@
-"""Independent PyTorch oracles (need the `torch` extra: torch 2.13.0, torchao 0.18.0).
+"""PyTorch oracles (need the `torch` extra: torch 2.13.0, torchao 0.18.0).
+
+Provenance of the committed golden vectors (tests/data/kernels_quant_golden.npz), per oracle:
+* torchao: the installed package itself (torchao 0.18.0 from PyPI) was RUN — library output.
+* Transformer Engine and DeepGEMM: FORMULA TRANSCRIPTIONS, not library output. Neither package was
+  run (TE does not import without CUDA; DeepGEMM needs a GPU build): the functions below re-type
+  their plain-torch reference code, so the vectors show that our kernels equal our reading of their
+  formulas, not that they equal TE/DeepGEMM bits. Sources:
+  - TE: NVIDIA/TransformerEngine `transformer_engine/pytorch/custom_recipes/quantization_ref_nvfp4.py`
+    (`NVFP4QuantizerRef._quantize_blockwise_reference`, `cast_to_fp4x2`); upstream commit not
+    recorded at transcription time (not pinned — recheck against a pinned commit before relying on it).
+  - DeepGEMM: deepseek-ai/DeepGEMM `deep_gemm/utils/math.py` (`per_token_cast_to_fp8`,
+    `per_block_cast_to_fp8`); the same two functions appear verbatim in the HF mirror
+    kernels-community/deep-gemm `tests/test_core.py` at commit 4913396; upstream commit not recorded.
+  Known disagreement of the transcribed TE encoder with our pinned semantics: exactly -0.0 encodes
+  to +0 there (its threshold table starts at `x >= 0.0`), -0 (0x8) here;
+  kernels_pallas/quant/test_quant_disputed.py documents this and the other disputed inputs.
 
 * `torchao_mx`: torchao 0.18.0 `to_mx(..., ScaleCalculationMode.RCEIL)` bytes.
 * `te_nvfp4`: Transformer Engine's NVFP4 reference formula
