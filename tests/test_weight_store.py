@@ -343,6 +343,12 @@ def test_publish_to_engine_and_weight_sync_modes():
         sync.publish(q, v)
     assert sync.wait() == 6
     assert [v for v, _ in eng.updates[-4:]] == [3, 4, 5, 6] and _same(eng.updates[-1][1], q)
+    n_records = len(sync.publisher.store.names())
+    sync.publish(q, 6)  # re-send (a restarted engine): delivered again from the store, nothing written
+    assert sync.wait() == 6 and eng.updates[-1][0] == 6 and _same(eng.updates[-1][1], q)
+    assert len(sync.publisher.store.names()) == n_records
+    with pytest.raises(StaleRecordError):
+        sync.publish(q, 5)
     assert sync.metrics()["weight_sync/version"] == 6.0
     sync.close()
 

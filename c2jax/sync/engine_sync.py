@@ -69,6 +69,7 @@ class WeightSync:
         self.publisher: Optional[WeightPublisher] = None
         self.subscriber: Optional[WeightSubscriber] = None
         self._deliveries: list[concurrent.futures.Future] = []
+        self._last_version: Optional[int] = None
         if self.cfg["mode"] == "delta":
             c = self.cfg
             self.publisher = WeightPublisher(c["dir"], full_every=c["full_every"], wire_dtype=c["wire_dtype"],
@@ -77,12 +78,19 @@ class WeightSync:
             self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="c2jax-weight-rebuild")
 
     def publish(self, params: Any, version: int) -> float:
-        """Start publishing `version`; returns the seconds spent in the caller."""
+        """Start publishing `version`; returns the seconds spent in the caller. Versions increase
+        (an older one raises StaleRecordError); the last version again re-delivers its stored weights
+        (`params` are then not read)."""
         t0 = time.monotonic()
         if self.publisher is None:
             self.engine.update_weights(params, version)
+        elif self._last_version is not None and int(version) == self._last_version:
+            # the same version again (a restarted engine starts from other weights): deliver the
+            # stored record once more, nothing new is written
+            self._deliveries.append(self._reader.submit(publish_to_engine, self.engine, self.subscriber, int(version)))
         else:
             written = self.publisher.publish(params, version)
+            self._last_version = int(version)
             self._deliveries.append(self._reader.submit(self._deliver, written, int(version)))
         return time.monotonic() - t0
 
