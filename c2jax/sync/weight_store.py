@@ -21,7 +21,9 @@ so the trainer may donate or overwrite its buffers at once; a host copy for nump
 queues it. The worker pulls the snapshot to host, XORs it with the previous upload, compresses,
 hashes and writes one record (records.py) atomically. At most ``max_pending`` publishes are
 queued; a further `publish` waits for a slot before copying anything (back-pressure instead of
-unbounded memory). Call `publish` from one thread.
+unbounded memory). Call `publish` from one thread. A new publisher's first upload is a full
+snapshot, and it refuses a store that already holds that version or newer ones (an earlier run)
+unless ``replace_newer=True``, which drops them first.
 
 Rebuilt weights are bit-identical to what was published or an error is raised (errors.py): a
 corrupt record (checksum), a stale record (not newer than what the reader holds, or a file holding
