@@ -37,8 +37,9 @@ setup(
                   # checkpoint-format references for tests/test_hf_io_transformers.py
                   "accelerate>=1.0", "compressed-tensors>=0.12"],
         "ray": ["ray>=2.40"],
-        # third-party clients that tests/test_serve_third_party.py runs against `python -m c2jax.serve`
-        # (skipped when absent). The official `harbor` package needs Python >= 3.12: not listed.
-        "clients": ["openai-agents>=0.2", "litellm>=1.60"],
+        # official clients the tests run against c2jax (skipped when absent): the OpenAI agents SDK and
+        # litellm against `python -m c2jax.serve`, swebench's loaders against the SWE-bench adapter.
+        # The official `harbor` package needs Python >= 3.12: not listed.
+        "clients": ["openai-agents>=0.2", "litellm>=1.60", "swebench>=4.0"],
     },
 )

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from test_serve_clients import MAX_LEN, MODEL, bigram_server  # noqa: F401  (fixture)
+from test_serve_clients import CLIENT_TIMEOUT_S, MAX_LEN, MODEL, bigram_server  # noqa: F401  (fixture)
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def _run_agent(srv, max_turns: int) -> tuple[list[int], Exception | None]:
         calls.append(1)
         return "No lint errors."
 
-    client = AsyncOpenAI(base_url=srv.url + "/v1", api_key="test", max_retries=0, timeout=120)
+    client = AsyncOpenAI(base_url=srv.url + "/v1", api_key="test", max_retries=0, timeout=CLIENT_TIMEOUT_S)
     agent = agents.Agent(name="coder", instructions="You are a coding agent.", tools=[read_lints],
                          model=agents.OpenAIChatCompletionsModel(model=MODEL, openai_client=client))
     try:
@@ -55,7 +55,8 @@ def test_openai_agents_sdk_runs_the_tool_loop(bigram_server, no_openai_env, monk
 
 def test_litellm_maps_the_context_error(bigram_server, no_openai_env):
     litellm = pytest.importorskip("litellm", reason="litellm is not installed (pip install -e .[clients])")
-    kw = dict(model=f"openai/{MODEL}", api_base=bigram_server.url + "/v1", api_key="test", num_retries=0)
+    kw = dict(model=f"openai/{MODEL}", api_base=bigram_server.url + "/v1", api_key="test", num_retries=0,
+              timeout=CLIENT_TIMEOUT_S)
     msgs = [{"role": "user", "content": "lint"}]
     from c2jax.agent.tools import openai_tools
 
