@@ -40,7 +40,7 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     # heuristics of their (earlier) rollouts: mean turns and thinking tokens (report 3.2).
     curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
     # The learnable task family (c2jax.envs.synth.toyfix) built for the stage (cached).
-    tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=256, seed=0),
+    tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=256, seed=0, docstrings=False),
     # Held-out evaluation before and after RL (same command both times).
     eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32),
     # Asynchronous services (c2jax.train.async_rl): off = the synchronous step loop.
@@ -154,6 +154,8 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     for k in ("n_train", "n_eval", "n_demo"):
         _int(check, f"tasks.{k}", tasks.get(k), 0)
     _int(check, "tasks.seed", tasks.get("seed"), 0)
+    if not isinstance(tasks.get("docstrings"), bool):
+        check.error("tasks.docstrings", f"must be a bool, got {tasks.get('docstrings')!r}")
     ev = dict(c["eval"])
     _sub(check, "eval", ev, d["eval"])
     if not isinstance(ev.get("enabled"), bool):

@@ -45,6 +45,10 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     # (both lists; bare word lists, no task content: see c2jax.data.synth_code).
     synth_code_steps=0, synth_code_batch=16, synth_code_seq_len=256, synth_code_lr=3e-3,
     synth_code_drill_words="train", synth_code_drill_share=0.5,
+    # The scripted expert's style: "read_replace" (read_file the module named in the statement, then
+    # search_replace the buggy line) or "shell_lines" (grep -n the module, sed the line by number:
+    # c2jax.envs.synth.toyfix_shell_demos; difficulty 1 only).
+    demo_style="read_replace",
 )
 
 
@@ -76,24 +80,32 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     check.float_range(c, "clip_norm", 0.0, lo_open=True)
     check.choice(c, "split", ("demo", "train"))
     check.choice(c, "synth_code_drill_words", ("train", "all"))
+    check.choice(c, "demo_style", ("read_replace", "shell_lines"))
     check.float_range(c, "synth_code_drill_share", 0.0, 1.0)
 
 
 def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_demos: int,
-                      max_in_flight: int = 4) -> list:
-    """Scripted expert episodes on `split` tasks (cached JSONL beside the family)."""
+                      max_in_flight: int = 4, style: str = "read_replace") -> list:
+    """Scripted expert episodes on `split` tasks (cached JSONL beside the family); `style` picks the
+    expert (see AGENT_SFT_DEFAULTS["demo_style"]); tasks the style cannot demonstrate are skipped."""
     from c2jax.agent.policies import ScriptedPolicy
-    from c2jax.envs.synth.toyfix import demo_messages
+    from c2jax.envs.synth import toyfix_shell_demos
+    from c2jax.envs.synth.toyfix import demo_messages as read_replace_messages
     from c2jax.train.rl_family import load_split, make_harness
     from c2jax.trajectory import load_jsonl, save_jsonl
 
     harness, fmt = make_harness(config, tokenizer)
     key = hashlib.sha256(json.dumps({"tok": tokenizer.fingerprint(), "agent": _plain(config.get("agent")),
-                                     "split": split, "n": max_demos}, sort_keys=True, default=str).encode()).hexdigest()[:12]
+                                     "split": split, "n": max_demos, **({"style": style} if style != "read_replace" else {})},
+                                    sort_keys=True, default=str).encode()).hexdigest()[:12]
     path = os.path.join(fam["dir"], "demos", f"{split}-{key}.jsonl")
     if os.path.exists(path):
         return load_jsonl(path)
-    tasks = load_split(fam, split)[:max_demos]
+    tasks = load_split(fam, split)
+    if style == "shell_lines":
+        tasks = [t for t in tasks if toyfix_shell_demos.applies(t)]
+    tasks = tasks[:max_demos]
+    demo_messages = toyfix_shell_demos.shell_demo_messages if style == "shell_lines" else read_replace_messages
 
     async def one(task, sem):
         from c2jax.envs import start
@@ -240,7 +252,7 @@ def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     params = jax.tree_util.tree_map(np.asarray, got[1])
     t0 = time.time()
     fam = ensure_family(config)
-    trajs = demo_trajectories(config, fam, tokenizer, c["split"], int(c["max_demos"]))
+    trajs = demo_trajectories(config, fam, tokenizer, c["split"], int(c["max_demos"]), style=c["demo_style"])
     if not trajs:
         raise ConfigError([("agent_sft", "no demonstration succeeded (see the log)")])
     build_s = time.time() - t0

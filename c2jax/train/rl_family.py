@@ -29,7 +29,10 @@ def family_args(config: Any) -> dict:
     from c2jax.rl.stage_config import resolve_stage
 
     t = resolve_stage(_plain(config.get("rl")) or {})["tasks"]
-    return {k: t[k] for k in ("difficulty", "n_train", "n_eval", "n_demo", "seed")}
+    args = {k: t[k] for k in ("difficulty", "n_train", "n_eval", "n_demo", "seed")}
+    if t.get("docstrings"):
+        args["docstrings"] = True  # (absent when False: families built before the knob keep their key)
+    return args
 
 
 def family_dir(config: Any) -> str:
@@ -45,7 +48,8 @@ def ensure_family(config: Any) -> dict:
     args = family_args(config)
     out = family_dir(config)
     info = dict(build_toyfix(out, n_train=args["n_train"], n_eval=args["n_eval"], n_demo=args["n_demo"],
-                             difficulty=args["difficulty"], seed=args["seed"], workers=2))
+                             difficulty=args["difficulty"], seed=args["seed"], docstrings=bool(args.get("docstrings")),
+                             workers=2))
     info["dir"] = out
     from c2jax.envs.synth.toyfix import materialize_envs
     from c2jax.envs.tasks import load_tasks

@@ -50,7 +50,8 @@ def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     rl, seed, out_dir, tokenizer, cfg = stage_setup(config, workdir, prev, "sft_matched")
     fam = ensure_family(config)
     params0 = initial_params(config, rl, prev, cfg)
-    trajs = demo_trajectories(config, fam, tokenizer, "train", int(rl["tasks"]["n_train"]))
+    trajs = demo_trajectories(config, fam, tokenizer, "train", int(rl["tasks"]["n_train"]),
+                              style=resolve(config.get("agent_sft"))["demo_style"])  # the cold start's expert
     if not trajs:
         raise ConfigError([("sft_matched", "no demonstration of the train tasks succeeded")])
     sc = dict(resolve(config.get("agent_sft")), batch_size=int(c["batch_size"]))

@@ -300,8 +300,10 @@ def _unique_old(text: str, lines: list[str], i: int, n: int) -> tuple[str, int]:
     return "\n".join(lines[:i + n]), 0
 
 
-def make_candidate(stream: str, seed: int, difficulty: int) -> Candidate | None:
-    """One generated task from its seed (None if this seed gives no valid bug)."""
+def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = False) -> Candidate | None:
+    """One generated task from its seed (None if this seed gives no valid bug). `docstrings`: every
+    function states its intended behaviour (always at difficulty 3), so the fix follows from reading
+    the code rather than from arithmetic on the statement's numbers."""
     split = "eval" if stream == "eval" else "train"
     vocab = VOCAB[split]
     rng = random.Random(seed)
@@ -312,7 +314,7 @@ def make_candidate(stream: str, seed: int, difficulty: int) -> Candidate | None:
     funcs: dict[str, list[Func]] = {}
     for mi, mod in enumerate(mods):
         nf = rng.randint(2, 3)
-        doc = difficulty >= 3
+        doc = difficulty >= 3 or docstrings
         funcs[mod] = [_make_func(rng, vocab, used, doc) for _ in range(nf)]
     for fs in funcs.values():
         for f in fs:
@@ -638,8 +640,8 @@ def _code_digest() -> str:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def generate(stream: str, n: int, difficulty: int, seed: int, taken: set[str], start: int = 0
-             ) -> tuple[list[Candidate], int]:
+def generate(stream: str, n: int, difficulty: int, seed: int, taken: set[str], start: int = 0,
+             docstrings: bool = False) -> tuple[list[Candidate], int]:
     """Up to `n` host-checked candidates of `stream` whose normalised gold diff is not in `taken`
     (updated); returns (candidates, next attempt index)."""
     from c2jax.envs.synth.patches import make_patch
@@ -648,7 +650,7 @@ def generate(stream: str, n: int, difficulty: int, seed: int, taken: set[str], s
     i = start
     limit = start + 50 * max(n, 1) + 100
     while len(out) < n and i < limit:
-        c = make_candidate(stream, _seed(seed, stream, difficulty, i), difficulty)
+        c = make_candidate(stream, _seed(seed, stream, difficulty, i), difficulty, docstrings)
         i += 1
         if c is None:
             continue
@@ -662,6 +664,7 @@ def generate(stream: str, n: int, difficulty: int, seed: int, taken: set[str], s
 
 
 def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, difficulty: int = 1, seed: int = 0,
+                 docstrings: bool = False,
                  workers: int = 2, grader_checks: int = 2, batch_size: int = 64) -> dict:
     """Build the toyfix suite into `out_dir` (see the module docstring); cached.
 
@@ -683,7 +686,7 @@ def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, diffic
     done_path = os.path.join(out_dir, "done.json")
     runner = runner_env(BuildContext(out_dir))
     args = {"n_train": n_train, "n_eval": n_eval, "n_demo": n_demo, "difficulty": difficulty, "seed": seed,
-            "grader_checks": grader_checks}
+            "grader_checks": grader_checks, **({"docstrings": True} if docstrings else {})}
     key = hashlib.sha256(json.dumps([args, GENERATOR_VERSION, _code_digest(), runner],
                                     sort_keys=True).encode()).hexdigest()[:16]
     if os.path.exists(done_path):
@@ -711,7 +714,7 @@ def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, diffic
             for s in STREAMS:
                 need = want[s] - len(accepted[s])
                 if need > 0:
-                    got, next_i[s] = generate(s, need, difficulty, seed, taken, next_i[s])
+                    got, next_i[s] = generate(s, need, difficulty, seed, taken, next_i[s], docstrings)
                     fresh += got
             timing["generate_s"] = timing.get("generate_s", 0) + time.monotonic() - t1
             if not fresh:

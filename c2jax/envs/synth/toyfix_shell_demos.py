@@ -1,0 +1,114 @@
+"""Shell-style scripted demonstrations for toyfix: edits by line number, no names to copy.
+
+The `read_replace` demonstrations (`toyfix.demo_messages`) read the module named in the statement and
+`search_replace` the buggy line: the policy must copy the module path and the whole buggy line, names
+included, and a tiny model trained on CPU does not learn that copying (measured: held-out pass@1 0.00).
+This style does the same work with what a tiny model can copy, digits and operators:
+
+    run_terminal_cmd  grep -n . */[!_]*.py                 explore: the module, lines numbered
+    run_terminal_cmd  sed -i '5s/ - / + /' */[!_]*.py      edit: line 5, the smallest unique change
+    run_terminal_cmd  sed -n '5p' */[!_]*.py               check: show the edited line
+    final message     Fixed line 5.
+
+The glob names the package's single non-dunder module, so it holds at difficulty 1 only (one module);
+`shell_demo_messages` refuses other tasks. The edit is the smallest span around the first difference
+between the buggy and the fixed line, widened to whole words until its first occurrence in the line is
+the one to change, so the sed substitution (first match on that line) reproduces the gold line exactly.
+
+    from c2jax.envs.synth.toyfix_shell_demos import shell_demo_messages, sed_edit
+    sed_edit("    return x - y", "    return x + y")      # -> "s/ - / + /"
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulty 1 (not __init__.py)
+_BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
+_REPL_SPECIAL = re.compile(r"([\\&/])")
+
+
+def _escape_pattern(s: str) -> str:
+    """A literal string as a sed basic regular expression (GNU sed: `+ ? ( ) { } |` are literal)."""
+    return _BRE_SPECIAL.sub(r"\\\1", s)
+
+
+def _escape_replacement(s: str) -> str:
+    return _REPL_SPECIAL.sub(r"\\\1", s)
+
+
+def _widen(line: str, lo: int, hi: int) -> tuple[int, int]:
+    """Widen [lo, hi) to whole words: to the previous / next space (or the line's ends)."""
+    while lo > 0 and line[lo - 1] != " ":
+        lo -= 1
+    while hi < len(line) and line[hi] != " ":
+        hi += 1
+    return lo, hi
+
+
+def sed_edit(old: str, new: str) -> str:
+    """The sed substitution `s/PAT/REP/` turning line `old` into `new` with the smallest whole-word
+    span whose first occurrence in `old` is the changed one. Raises ValueError if old == new, or if
+    the span needs a single quote (it goes inside a single-quoted shell argument)."""
+    if old == new:
+        raise ValueError("sed_edit: the lines are equal")
+    p = 0  # common prefix
+    while p < min(len(old), len(new)) and old[p] == new[p]:
+        p += 1
+    s = 0  # common suffix (not overlapping the prefix)
+    while s < min(len(old), len(new)) - p and old[len(old) - 1 - s] == new[len(new) - 1 - s]:
+        s += 1
+    lo, ho, hn = p, len(old) - s, len(new) - s  # old[lo:ho] -> new[lo:hn]; old[:lo] == new[:lo]
+    while lo > 0 and old[lo - 1] != " ":  # widen to whole words (the prefix is shared: same on both)
+        lo -= 1
+    while ho < len(old) and old[ho] != " ":  # (the suffix is shared: widen both ends alike)
+        ho, hn = ho + 1, hn + 1
+    while True:
+        pat, rep = old[lo:ho], new[lo:hn]
+        if pat and old.find(pat) == lo:
+            break
+        if lo == 0:
+            raise ValueError(f"sed_edit: no unique span for {old!r} -> {new!r}")
+        lo -= 1
+        while lo > 0 and old[lo - 1] != " ":
+            lo -= 1
+    if "'" in pat or "'" in rep:
+        raise ValueError(f"sed_edit: the span {pat!r} needs a single quote")
+    return f"s/{_escape_pattern(pat)}/{_escape_replacement(rep)}/"
+
+
+def applies(task: Any) -> bool:
+    """Whether the shell style can demonstrate `task` (one module, one bug, a quote-free edit)."""
+    bugs = task.provenance.get("bugs", [])
+    repo = task.provenance.get("repo", {})
+    modules = [p for p in repo if not p.rsplit("/", 1)[-1].startswith("_")]
+    if len(bugs) != 1 or len(modules) != 1 or "line" not in _bug_line(task, bugs[0]):
+        return False
+    try:
+        sed_edit(bugs[0]["old"], bugs[0]["new"])
+    except ValueError:
+        return False
+    return True
+
+
+def _bug_line(task: Any, bug: dict) -> dict:
+    """{'line': 1-based line number of the buggy line in its module} (empty if not found once)."""
+    src = task.provenance.get("repo", {}).get(bug["path"], "")
+    hits = [i + 1 for i, ln in enumerate(src.splitlines()) if ln == bug["old"]]
+    return {"line": hits[0]} if len(hits) == 1 else {}
+
+
+def shell_demo_messages(task: Any) -> list:
+    """Assistant turns of the shell-style expert episode on `task` (see the module docstring)."""
+    from c2jax.data.chat_format import Message, ToolCall, make_call_id
+
+    if not applies(task):
+        raise ValueError(f"shell demos need one module with one bug and a quote-free edit: {task.instance_id}")
+    bug = task.provenance["bugs"][0]
+    n = _bug_line(task, bug)["line"]
+    cmds = [f"grep -n . {MODULE_GLOB}", f"sed -i '{n}{sed_edit(bug['old'], bug['new'])}' {MODULE_GLOB}",
+            f"sed -n '{n}p' {MODULE_GLOB}"]
+    turns = [Message("assistant", "", [ToolCall(make_call_id("run_terminal_cmd", i), "run_terminal_cmd",
+                                                json.dumps({"command": c}))]) for i, c in enumerate(cmds)]
+    return turns + [Message("assistant", f"Fixed line {n}.")]
