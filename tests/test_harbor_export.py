@@ -37,7 +37,8 @@ def _task(**kw) -> TaskRecord:
     base = dict(instance_id="org+2Frepo-1:x", source=Source("swebench", "org/repo", "0.1", "", "MIT"),
                 codebase="org/repo", env_id="unused", category="swebench", subcategory="", problem_statement="Fix it.",
                 test=TestSpec("pytest", ("python", "-m", "pytest"), "/workspace", {}),
-                timeouts={"agent_s": 900.0, "verify_s": 60.0}, limits={}, hidden_tests=HiddenTests({}, ("a.py::t",), ()),
+                timeouts={"agent_s": 900.0, "verify_s": 60.0}, limits={},
+                hidden_tests=HiddenTests({}, ("a.py::t",), ()),
                 patch="", protected_paths=(), provenance={}, stats={}, split="eval")
     base.update(kw)
     return TaskRecord(**base)

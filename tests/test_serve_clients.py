@@ -85,9 +85,10 @@ def test_tool_call_ids_are_unique_and_render_as_the_model_header(bigram_server, 
     user = [{"role": "user", "content": "lint"}]
     ids = [client.chat.completions.create(model=MODEL, messages=user, tools=tools, temperature=0, max_tokens=40)
            .choices[0].message.tool_calls[0].id for _ in range(2)]
-    stream_ids = [d.id for c in client.chat.completions.create(model=MODEL, messages=user, tools=tools, temperature=0,
-                                                               max_tokens=40, stream=True)
-                  for ch in c.choices for d in (ch.delta.tool_calls or []) if d.id]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=user, tools=tools, temperature=0, max_tokens=40,
+                                                 stream=True, stream_options={"include_usage": True}))
+    stream_ids = [d.id for c in chunks for ch in c.choices for d in (ch.delta.tool_calls or []) if d.id]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
     all_ids = ids + stream_ids
     assert len(all_ids) == 3 and len(set(all_ids)) == 3 and all(i.startswith("call_") for i in all_ids)
     # sent back, every issued id renders as the header the model generated, in the call and its result

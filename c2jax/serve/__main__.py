@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=8000, help="0 = any free port (printed)")
     ap.add_argument("--max-slots", type=int, default=8, help="concurrent sequences")
     ap.add_argument("--max-len", type=int, default=4096, help="tokens per sequence (prompt + completion)")
-    ap.add_argument("--max-tokens", type=int, default=512, help="default max_tokens of a request")
+    ap.add_argument("--max-tokens", type=int, default=512,
+                    help="max_tokens of a request that sets none (at most the room its prompt leaves)")
     args = ap.parse_args(argv)
 
     from c2jax.data.chat_format import ChatFormat

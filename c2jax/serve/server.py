@@ -262,8 +262,9 @@ class ChatServer:
                     prompt_token_ids=[int(t) for t in req.prompt],
                     versions=[int(v) for v in result.versions[result.prompt_len:]])
         if opts["include_usage"]:
-            yield {**chunk({}), "choices": [], "usage": {"prompt_tokens": len(req.prompt), "completion_tokens": len(out),
-                                                    "total_tokens": len(req.prompt) + len(out)}}
+            usage = {"prompt_tokens": len(req.prompt), "completion_tokens": len(out),
+                     "total_tokens": len(req.prompt) + len(out)}
+            yield {**chunk({}), "choices": [], "usage": usage}
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
