@@ -6,11 +6,19 @@ Each test skips, saying so, when its package is not installed.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 
 from test_serve_clients import CLIENT_TIMEOUT_S, MAX_LEN, MODEL, bigram_server  # noqa: F401  (fixture)
+
+
+# decided at collection, so that a skipped test does not start the server first
+needs_agents = pytest.mark.skipif(importlib.util.find_spec("agents") is None,
+                                  reason="openai-agents is not installed (pip install -e .[clients])")
+needs_litellm = pytest.mark.skipif(importlib.util.find_spec("litellm") is None,
+                                   reason="litellm is not installed (pip install -e .[clients])")
 
 
 @pytest.fixture
@@ -21,7 +29,7 @@ def no_openai_env(monkeypatch):
 
 
 def _run_agent(srv, max_turns: int) -> tuple[list[int], Exception | None]:
-    agents = pytest.importorskip("agents", reason="openai-agents is not installed (pip install -e .[clients])")
+    import agents
     from openai import AsyncOpenAI
 
     agents.set_tracing_disabled(True)
@@ -43,6 +51,7 @@ def _run_agent(srv, max_turns: int) -> tuple[list[int], Exception | None]:
     return calls, None
 
 
+@needs_agents
 def test_openai_agents_sdk_runs_the_tool_loop(bigram_server, no_openai_env, monkeypatch):
     # the bigram machine calls read_lints every turn: the run goes on until max_turns
     calls, err = _run_agent(bigram_server, max_turns=3)
@@ -53,8 +62,9 @@ def test_openai_agents_sdk_runs_the_tool_loop(bigram_server, no_openai_env, monk
     assert len(calls) < 3, (calls, err)
 
 
+@needs_litellm
 def test_litellm_maps_the_context_error(bigram_server, no_openai_env):
-    litellm = pytest.importorskip("litellm", reason="litellm is not installed (pip install -e .[clients])")
+    import litellm
     kw = dict(model=f"openai/{MODEL}", api_base=bigram_server.url + "/v1", api_key="test", num_retries=0,
               timeout=CLIENT_TIMEOUT_S)
     msgs = [{"role": "user", "content": "lint"}]
