@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from c2jax.data import licences
+from c2jax.data.pins import check_pins
 from c2jax.data.sources import (SOURCES, Candidate, Document, SourceContext, matches_any,
                                 normalize_package)
 
@@ -146,7 +147,7 @@ class Corpus:
 
 def corpus_config(data_cfg: Any) -> dict:
     """The part of ``config.data`` that determines the corpus (hashed into the manifest)."""
-    keys = ("sources", "held_out", "licences", "max_file_bytes", "vendored")
+    keys = ("sources", "held_out", "licences", "max_file_bytes", "vendored", "pins")
     d = {k: _to_plain(cfg_get(data_cfg, k)) for k in keys}
     # Mix weights do not change the corpus, only how the loader samples it.
     for s in (d.get("sources") or {}).values():
@@ -350,7 +351,11 @@ def _bar(total: int, enabled: bool, desc: str):
 
 
 def build_corpus(data_cfg: Any, root: str, progress: bool = True) -> Corpus:
-    """Collect, filter, split and dedup the corpus; write it content-addressed under `root`."""
+    """Collect, filter, split and dedup the corpus; write it content-addressed under `root`.
+
+    Raises `pins.CorpusPinError` first (nothing read or written) if ``data.pins`` differs from
+    the installed sources."""
+    check_pins(cfg_get(data_cfg, "pins", None))
     base = os.path.join(root, "corpus")
     os.makedirs(base, exist_ok=True)
     tmp = os.path.join(base, f".tmp-{os.getpid()}")

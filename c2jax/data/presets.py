@@ -14,10 +14,25 @@ from typing import Sequence
 import ml_collections
 
 from c2jax.data.licences import PERMISSIVE
+from c2jax.data.pins import pinned_packages
 
 # Held out by default: a permissive pure-Python package c2jax depends on (always installed) and
 # two standard-library packages. Eval loss is measured on these codebases, never trained on.
 DEFAULT_HELD_OUT = ("rich", "stdlib:json", "stdlib:email")
+
+# The quickstart's sources, by exact version (`c2jax.data.pins`): the standard library of this Python
+# and packages that `pip install -e .` always installs (setup.py install_requires, plus rich's own
+# dependencies). Nothing else installed on a machine can enter the quickstart corpus, and a version
+# difference is an error naming it, so the manifest hash (tests/test_data_corpus_pin.py) and the
+# held-out margin are the same on every machine that builds it. The `quickstart-corpus` extra in
+# setup.py installs exactly these versions.
+QUICKSTART_PINS = {
+    "python": "3.11.7",
+    "packages": {"absl-py": "2.5.1", "flax": "0.12.8", "jax": "0.10.2", "jsonschema": "4.26.0",
+                 "markdown-it-py": "4.3.0", "matplotlib": "3.11.2", "mdurl": "0.1.2", "ml-collections": "1.1.0",
+                 "numpy": "2.4.6", "optax": "0.2.8", "orbax-checkpoint": "0.12.8", "pygments": "2.21.0",
+                 "rich": "15.0.0", "tensorboardx": "2.6.5", "tqdm": "4.70.1"},
+}
 # Huge or generated code bases that would dominate a capped sample.
 DEFAULT_EXCLUDE = ("torch", "torchao", "transformers", "jaxlib", "scipy", "sympy", "openai", "c2jax",
                    "nvidia-*", "triton", "tzdata", "fonttools", "networkx", "ray")
@@ -35,9 +50,9 @@ def quickstart(held_out: Sequence[str] = DEFAULT_HELD_OUT, vocab_size: int = 409
         "dir": dir,
         "sources": {
             "stdlib_code": {"weight": 0.4, "max_bytes": int(1.5 * mb), "held_out_max_bytes": int(0.25 * mb)},
-            "package_code": {"weight": 0.4, "packages": ["*"], "exclude": list(DEFAULT_EXCLUDE),
+            "package_code": {"weight": 0.4, "packages": pinned_packages(QUICKSTART_PINS), "exclude": list(DEFAULT_EXCLUDE),
                              "max_bytes": int(1.5 * mb), "held_out_max_bytes": int(0.25 * mb)},
-            "package_docs": {"weight": 0.2, "packages": ["*"], "exclude": list(DEFAULT_EXCLUDE),
+            "package_docs": {"weight": 0.2, "packages": pinned_packages(QUICKSTART_PINS), "exclude": list(DEFAULT_EXCLUDE),
                              "include_stdlib": True, "max_bytes": int(0.5 * mb), "held_out_max_bytes": int(0.1 * mb)},
             "transcripts": {"weight": 0.0, "paths": [], "licence": ""},
             # Short examples so most fit the quickstart's 512-token SFT rows (whole-packed: a longer
@@ -49,6 +64,7 @@ def quickstart(held_out: Sequence[str] = DEFAULT_HELD_OUT, vocab_size: int = 409
         },
         "licences": list(PERMISSIVE),
         "held_out": {"packages": list(held_out), "packages_file": ""},
+        "pins": {"python": QUICKSTART_PINS["python"], "packages": dict(QUICKSTART_PINS["packages"])},
         "max_file_bytes": 100_000,
         "vendored": "drop",
         "tokenizer": {"vocab_size": int(vocab_size), "train_bytes": 8 * mb, "min_frequency": 2, "path": ""},
@@ -64,6 +80,9 @@ def full(held_out: Sequence[str] = DEFAULT_HELD_OUT, vocab_size: int = 32768, di
         if "max_bytes" in s:
             s.max_bytes = big
             s.held_out_max_bytes = big
+    cfg.pins = {}  # everything installed, by design: not reproducible across machines
+    cfg.sources.package_code.packages = ["*"]
+    cfg.sources.package_docs.packages = ["*"]
     cfg.sources.package_code.exclude = ["c2jax"]
     cfg.sources.package_docs.exclude = ["c2jax"]
     cfg.sources.sft_synth.max_examples = 50_000
