@@ -37,6 +37,13 @@ setup(
                   # checkpoint-format references for tests/test_hf_io_transformers.py
                   "accelerate>=1.0", "compressed-tensors>=0.12"],
         "ray": ["ray>=2.40"],
+        # The exact versions the quickstart corpus is pinned to (c2jax/data/presets.py QUICKSTART_PINS,
+        # checked before the corpus is built; the standard library is that of Python 3.11.7).
+        "quickstart-corpus": ["absl-py==2.5.1", "flax==0.12.8", "jax==0.10.2", "jsonschema==4.26.0",
+                              "markdown-it-py==4.3.0", "matplotlib==3.11.2", "mdurl==0.1.2",
+                              "ml-collections==1.1.0", "numpy==2.4.6", "optax==0.2.8",
+                              "orbax-checkpoint==0.12.8", "pygments==2.21.0", "rich==15.0.0",
+                              "tensorboardx==2.6.5", "tqdm==4.70.1"],
         # official clients the tests run against c2jax (skipped when absent): the OpenAI agents SDK and
         # litellm against `python -m c2jax.serve`, swebench's loaders against the SWE-bench adapter.
         # The official `harbor` package needs Python >= 3.12: not listed.

@@ -75,6 +75,16 @@ def test_quickstart_reads_only_pinned_packages():
         assert sorted(cfg.sources[src].packages) == pinned and "*" not in cfg.sources[src].packages
 
 
+def test_setup_extra_installs_exactly_the_pins():
+    """`pip install -e '.[quickstart-corpus]'` installs the versions the preset checks."""
+    import re
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "setup.py")) as f:
+        extra = f.read().split('"quickstart-corpus"', 1)[1].split("]", 1)[0]
+    pins = dict(x.split("==") for x in re.findall(r'"([A-Za-z0-9._\-]+==[^"]+)"', extra))
+    assert pins == presets.QUICKSTART_PINS["packages"]
+
+
 def test_quickstart_manifest_hash_is_the_recorded_one(tmp_path):
     problems = pin_differences(presets.quickstart().pins)
     if problems:  # a machine without the README's pinned install: say so, do not compare
