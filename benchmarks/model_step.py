@@ -66,7 +66,6 @@ ROWS = {  # name -> (side, description, computes the same as torch eager)
 # attribute set to the value (restored after compiling). Each is the same computation.
 VARIANTS = {
     "gather-autodiff": ("c2jax.model.moe_impls", "TILED_CUSTOM_VJP", False),  # before the tile custom VJP
-    "unfused-gate-up": ("c2jax.model.moe_impls", "TILED_FUSED_GATE_UP", False),  # separate gate, up matmuls
     "ragged": ("c2jax.model.moe_impls", "DROPLESS_LOWERING", "ragged"),  # jax.lax.ragged_dot lowering
 }
 

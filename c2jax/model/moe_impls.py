@@ -11,7 +11,8 @@ where ``p_experts`` is the ``moe/experts`` params ({gate_proj, up_proj} [E, D, F
   `jax.lax.ragged_dot` (on CPU it costs about as much as running every expert on every token),
   or "tiled": each group padded to a multiple of a tile, one batched matmul over tiles with
   per-tile gathered expert weights (at most N*k + E*(tile-1) rows; ~4x faster on CPU for the
-  small preset). 'auto' takes tiled on CPU when the gathered weights stay under 512 MiB.
+  small preset); its f32 tile matmuls have a custom VJP that re-gathers the tile weights in the
+  backward instead of keeping the gathered copies (`TILED_CUSTOM_VJP`). 'auto' takes tiled on CPU when the gathered weights stay under 512 MiB.
 * ``capacity`` (training on CPU): each expert gets a fixed buffer of
   ``C = min(N, ceil(capacity_factor * N * k / E))`` rows; assignments are placed by a stable sort
   (all first choices before second choices, earlier tokens first); overflow is dropped (its
@@ -109,12 +110,10 @@ def _tile_rows(n_assign: int, n_experts: int) -> int:
     return int(min(128, max(8, -(-per // 8) * 8)))
 
 
-# A/B switches (read at trace time; benchmarks/model_step.py rows jax-dropless@VARIANT).
-# TILED_CUSTOM_VJP: True = `_tile_matmul` below; False = autodiff through the per-tile weight
-# gather (saves the gathered [tiles, K, F] weights of every layer for the backward).
-# TILED_FUSED_GATE_UP: gate and up projections as one [tiles, R, 2F] matmul (f32, custom VJP).
+# A/B switch (read at trace time; benchmarks/model_step.py row jax-dropless@gather-autodiff):
+# True = `_tile_matmul` below; False = autodiff through the per-tile weight gather (which keeps
+# the gathered [tiles, K, F] weights of every layer as residuals for the backward).
 TILED_CUSTOM_VJP = True
-TILED_FUSED_GATE_UP = True
 
 
 @jax.custom_vjp
@@ -169,12 +168,8 @@ def _tiled_swiglu(p: dict, x: jax.Array, order, token, sizes, inverse, n_experts
                               n_experts - 1)
     x_pad = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)], axis=0)
     buf = x_pad[row_token].reshape(n_tiles, tile, d)
-    if TILED_FUSED_GATE_UP and TILED_CUSTOM_VJP and precision == "f32":
-        w_gu = jnp.concatenate([p["gate_proj"], p["up_proj"]], axis=-1)  # [E, D, 2F]
-        g, u = jnp.split(_tile_matmul(buf, w_gu, tile_expert), 2, axis=-1)  # [T, R, F] each
-    else:
-        g = _tiles_times_experts(buf, p["gate_proj"], tile_expert, precision)
-        u = _tiles_times_experts(buf, p["up_proj"], tile_expert, precision)
+    g = _tiles_times_experts(buf, p["gate_proj"], tile_expert, precision)
+    u = _tiles_times_experts(buf, p["up_proj"], tile_expert, precision)
     out = _tiles_times_experts(jax.nn.silu(g) * u, p["down_proj"], tile_expert, precision)
     return out.reshape(n_tiles * tile, d)[row]
 
