@@ -88,7 +88,7 @@ def _rl(**over) -> dict:
         log_every=1,
         replay_metrics=True,
         curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
-        tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=512, seed=0, docstrings=True),
+        tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=512, seed=0, docstrings=False),
         eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32),
         services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
                       eval_every=0, health_check_s=5.0),
@@ -124,11 +124,11 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
                             clip_norm=1.0, max_demos=6 if smoke else 512, split="demo", log_every=1 if smoke else 10,
                             synth_code_steps=3 if smoke else 300, synth_code_batch=16, synth_code_seq_len=256,
                             synth_code_lr=3e-3, synth_code_drill_words="train", synth_code_drill_share=0.5,
-                            demo_style="shell_lines")
+                            demo_style="read_replace")
     config.agent = agent_config_dict(system_prompt=SYSTEM, max_turns=6, max_policy_tokens=768, max_new_tokens=160,
                                      max_context_tokens=1024, max_wall_s=120.0, summary_trigger_tokens=None,
                                      tools={"enabled": TOYFIX_TOOLS, "strict": False, "compact_declarations": True, "cmd_timeout_s": 20.0,
-                                            "output_max_chars": 1000, "read_max_lines": 60})
+                                            "output_max_chars": 600, "read_max_lines": 60})
     if smoke:
         config.rl = _rl(group_size=2, steps=2, tasks_per_step=2, max_in_flight=4, ckpt_every=1,
                         tasks=dict(n_train=4, n_eval=4, n_demo=6), curriculum=dict(upsample_after_step=1),
