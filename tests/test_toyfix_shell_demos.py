@@ -1,0 +1,77 @@
+"""Shell-style toyfix demonstrations: the sed edit reproduces the gold line exactly (checked with the
+real `sed` on generated tasks), and tasks it cannot demonstrate are refused, not mis-demonstrated."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from c2jax.envs.synth import toyfix
+from c2jax.envs.synth.toyfix_shell_demos import MODULE_GLOB, applies, sed_edit, shell_demo_messages
+
+pytestmark = pytest.mark.skipif(shutil.which("sed") is None, reason="needs GNU sed")
+
+
+@pytest.mark.parametrize("old,new,want", [
+    ("    return x - y", "    return x + y", "s/-/+/"),
+    ("    if a < 5:", "    if a <= 5:", "s/</<=/"),
+    ("    return acc", "    return x", "s/acc/x/"),
+    ("    return n * 3 + 3", "    return n * 3 + 4", None),  # second '3': the span must grow until unique
+    ("    return v[:2]", "    return v[:3]", None),  # BRE specials escaped
+])
+def test_sed_edit_turns_old_into_new(tmp_path, old, new, want):
+    e = sed_edit(old, new)
+    if want is not None:
+        assert e == want
+    f = tmp_path / "m.py"
+    f.write_text(old + "\n")
+    subprocess.run(["sed", "-i", f"1{e}", str(f)], check=True)
+    assert f.read_text() == new + "\n"
+
+
+def test_sed_edit_rejects_equal_and_quoted_spans():
+    with pytest.raises(ValueError):
+        sed_edit("x = 1", "x = 1")
+    with pytest.raises(ValueError):
+        sed_edit("    return a + '#' * 3", "    return a + '~' * 3")
+
+
+def test_demos_fix_generated_tasks_exactly(tmp_path):
+    """Every demonstrable candidate of a few seeds: running the demo's commands on the broken package
+    gives the pristine package; a task with two modules is refused."""
+    checked = 0
+    for seed in range(40):
+        c = toyfix.make_candidate("train", 1000 + seed, 1)
+        if c is None:
+            continue
+        task = type("T", (), {"instance_id": f"t{seed}", "provenance": {"bugs": c.bugs, "repo": c.broken}})()
+        if not applies(task):
+            continue
+        root = tmp_path / f"s{seed}"
+        for p, text in c.broken.items():
+            os.makedirs(root / os.path.dirname(p), exist_ok=True)
+            (root / p).write_text(text)
+        msgs = shell_demo_messages(task)
+        assert [m.tool_calls[0].name for m in msgs[:3]] == ["run_terminal_cmd"] * 3 and not msgs[3].tool_calls
+        for m in msgs[:2]:
+            subprocess.run(json.loads(m.tool_calls[0].arguments)["command"], shell=True, cwd=root, check=True,
+                           capture_output=True)
+        assert {p: (root / p).read_text() for p in c.pristine} == c.pristine
+        checked += 1
+    assert checked >= 20
+    c2 = next(c for s in range(50) if (c := toyfix.make_candidate("train", 2000 + s, 2)) is not None)
+    t2 = type("T", (), {"instance_id": "d2", "provenance": {"bugs": c2.bugs, "repo": c2.broken}})()
+    assert not applies(t2)
+    with pytest.raises(ValueError):
+        shell_demo_messages(t2)
+    assert MODULE_GLOB == "*/[!_]*.py"
+
+
+def test_docstrings_knob_documents_every_function_at_difficulty_1():
+    c = next(c for s in range(50) if (c := toyfix.make_candidate("train", 3000 + s, 1, docstrings=True)) is not None)
+    plain = toyfix.make_candidate("train", 3000 + [s for s in range(50)
+                                                   if toyfix.make_candidate("train", 3000 + s, 1) is not None][0], 1)
+    src = "".join(c.broken.values())
+    assert src.count("def ") == src.count('"""') // 2 > 0
+    assert '"""' not in "".join(plain.broken.values())
