@@ -12,8 +12,11 @@ tool or flagged malformed, and each malformed call is answered with an "Error:" 
 message, or a user message for a section with no parsable call); the
 effort counter equals the number of tool events; at most max_turns assistant turns; every segment's
 per-token arrays are aligned. After all episodes the sandbox still runs commands. The test also
-asserts the mix exercised malformed calls and executed real calls (counts below), so a generator that
-stopped producing either would fail rather than pass vacuously.
+asserts the mix exercised malformed calls and executed real calls, so a generator that stopped
+producing either would fail rather than pass vacuously. Measured on the recorded run: 1,200 episodes,
+2,472 assistant turns, 1,121 malformed calls answered, 343 real tool calls executed (~6.5 min on a
+contended 2-core machine). This fuzzing found one crash, fixed in c2jax/data/chat_format.py: a section
+`<calls_begin><call_begin>` (empty header) gave a call without an id, and answering it raised.
 
 Not covered: real model samplers (the policy is scripted), episodes longer than 4 turns, concurrency
 between episodes, other chat templates than the test tokenizer's.
