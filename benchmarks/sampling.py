@@ -29,8 +29,9 @@ and continuous vs static batching, in one process.
    per-head K/V cache transformers keeps for the same model.
 
 PyTorch's OpenMP threads busy-wait between parallel regions by default; on a shared, oversubscribed
-CPU that costs transformers up to 10x (measured: 9-35 vs 170-300 tok/s at batch 8). The benchmark
-therefore sets ``OMP_WAIT_POLICY=PASSIVE`` (transformers' best showing here) unless
+CPU that costs transformers up to 10x (measured: 9-35 vs 170-300 tok/s at batch 8, contended;
+compare ``python benchmarks/sampling.py --batches 8 --omp-default`` with the same command without
+the flag). The benchmark therefore sets ``OMP_WAIT_POLICY=PASSIVE`` (transformers' best showing here) unless
 ``--omp-default`` is given. CPU seconds per decode step are printed beside wall-clock figures
 because the wall clock on a shared machine depends on the neighbours. Every figure above is
 printed by this script; re-measure wall-clock figures on an idle machine before quoting them.

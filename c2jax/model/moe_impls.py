@@ -11,8 +11,10 @@ where ``p_experts`` is the ``moe/experts`` params ({gate_proj, up_proj} [E, D, F
   `jax.lax.ragged_dot` (on CPU it costs about as much as running every expert on every token),
   or "tiled": each group padded to a multiple of a tile, one batched matmul over tiles with
   per-tile gathered expert weights (at most N*k + E*(tile-1) rows; ~4x faster on CPU for the
-  small preset); its f32 tile matmuls have a custom VJP that re-gathers the tile weights in the
-  backward instead of keeping the gathered copies (`TILED_CUSTOM_VJP`). 'auto' takes tiled on CPU when the gathered weights stay under 512 MiB.
+  small preset: ``python benchmarks/model_step.py --rows jax-dropless,jax-dropless@ragged
+  --modes interleaved`` prints both). Its f32 tile matmuls have a custom VJP that re-gathers the
+  tile weights in the backward instead of keeping the gathered copies (`TILED_CUSTOM_VJP`).
+  'auto' takes tiled on CPU when the gathered weights stay under 512 MiB.
 * ``capacity`` (training on CPU): each expert gets a fixed buffer of
   ``C = min(N, ceil(capacity_factor * N * k / E))`` rows; assignments are placed by a stable sort
   (all first choices before second choices, earlier tokens first); overflow is dropped (its
