@@ -145,7 +145,11 @@ def real_part(args) -> dict:
     config = bench_step.load_config(args.config)
     raw = config.rl.to_dict()
     raw.update(group_size=args.group_size, tasks_per_step=args.tasks_per_step, max_in_flight=args.slots,
-               max_len=args.max_len, steps=args.steps, max_staleness=0, replay_metrics=False)
+               max_len=args.max_len, steps=args.steps + 1, max_staleness=0, replay_metrics=False)
+    # A random-init policy never solves a task, so its advantages (and updates) are ~0 and the weights
+    # would not move: a k3 KL term in the loss toward a fixed reference (the initial weights x 1.05)
+    # makes every update move them, so the staleness mismatch below measures something.
+    raw["kl"] = dict(coef=args.kl_coef, estimator="k3", placement="loss", log_ratio_clip=20.0)
     rl = resolve_rl_config({k: v for k, v in raw.items() if k not in resolve_stage({})})
     rl.update(resolve_stage(raw))
     config.agent.max_turns, config.agent.max_new_tokens = args.max_turns, args.max_new_tokens
@@ -160,6 +164,7 @@ def real_part(args) -> dict:
     params = jax.tree_util.tree_map(jax.numpy.asarray, init(cfg, jax.random.PRNGKey(args.seed)))
     tok = bench_step.bench_tokenizer(cfg.vocab_size)
     learner = make_learner(cfg, rl, params)
+    ref = jax.tree_util.tree_map(lambda x: x * 1.05, params) if args.kl_coef > 0 else None
     harness, fmt = make_harness(config, tok)
     grade = SlowGrade(args.env_mu, args.env_sigma, args.seed)
     stream = TaskStream(tasks, seed=args.seed, upsample_after_step=None)
@@ -171,17 +176,18 @@ def real_part(args) -> dict:
         policy = EnginePolicy(engine, fmt, temperature=1.0, seed=args.seed)
         pool = SandboxPool(max_concurrency=args.slots)
         return RLContext(rl=r, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
-                         seed=args.seed, grade_fn=grade), pool
+                         ref_params=ref, seed=args.seed, grade_fn=grade), pool
 
     results: dict[str, Any] = {}
     # warm-up (compiles the engine and the learner's row buckets), then the synchronous baseline
     ctx, pool = context(0)
     state = TrainState.create(params, learner.tx)
     try:
-        rl_step(ctx, state, stream.take(args.tasks_per_step, 0), step=0, version=0, engine_version=0)
+        warm = rl_step(ctx, state, stream.take(args.tasks_per_step, 0), step=0, version=0, engine_version=0)
+        state, version = warm.state, warm.version  # the engine already serves version 1
         t0 = time.monotonic()
-        busy, hist, version = 0.0, {}, 0
-        for step in range(args.steps):
+        busy, hist = 0.0, {}
+        for step in range(1, args.steps + 1):
             out = rl_step(ctx, state, stream.take(args.tasks_per_step, step), step=step, version=version,
                           engine_version=version)
             state, version = out.state, out.version
@@ -275,7 +281,8 @@ def parse_args(argv=None):
     p.add_argument("--env-sigma", type=float, default=1.0, help="lognormal sigma (heavy tail)")
     p.add_argument("--sim-steps", type=int, default=200)
     p.add_argument("--sim-train-s", type=float, default=1.0)
-    p.add_argument("--position-bucket", type=int, default=128)
+    p.add_argument("--position-bucket", type=int, default=64)
+    p.add_argument("--kl-coef", type=float, default=0.1, help="k3 KL-in-loss toward initial x 1.05 (0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="runs/bench/rl_async")
     p.add_argument("--out", default=None)
