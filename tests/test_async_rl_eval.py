@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from test_async_rl_restart import FakeCkpt, FakePublisher, FakeState, FakeTrainer, FakeWorker, _tasks
+from test_async_rl_restart import FakeCkpt, FakePublisher, FakeState, FakeTrainer, FakeWorker, fake_tasks
 
 from c2jax.train.async_rl.runner import AsyncRL
 from c2jax.train.async_rl.services import LocalBackend
@@ -33,7 +33,7 @@ def test_pinned_checkpoints_are_evaluated_without_blocking_training(tmp_path):
     pub, be, ckpt = FakePublisher(0), LocalBackend(), FakeCkpt()
     run = AsyncRL(ctx, rollout=be.spawn("rollout", lambda: FakeWorker(pub, 0), workers=2),
                   trainer=be.spawn("trainer", FakeTrainer), publisher=pub,
-                  stream=TaskStream(_tasks(40), seed=0, upsample_after_step=None), steps=STEPS,
+                  stream=TaskStream(fake_tasks(40), seed=0, upsample_after_step=None), steps=STEPS,
                   out_dir=str(tmp_path), ckpt=ckpt, evaluator=be.spawn("eval", lambda: Evaluator(eval_fn)),
                   eval_every=2, on_step=lambda s, m: s == STEPS and last_step_reached.set())
     try:

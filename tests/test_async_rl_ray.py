@@ -48,7 +48,7 @@ class VersionedWorker:
 
 
 def _drive(backend, steps=6, kill_after_step=None):
-    from test_async_rl_restart import B, FakeCkpt, FakePublisher, FakeState, FakeTrainer, _tasks
+    from test_async_rl_restart import B, FakeCkpt, FakePublisher, FakeState, FakeTrainer, fake_tasks
 
     from c2jax.train.async_rl.runner import AsyncRL
     from c2jax.train.async_rl.services import LocalBackend
@@ -75,7 +75,7 @@ def _drive(backend, steps=6, kill_after_step=None):
             threading.Thread(target=kill, daemon=True).start()
 
     run = AsyncRL(ctx, rollout=rollout, trainer=trainer, publisher=pub,
-                  stream=TaskStream(_tasks(40), seed=0, upsample_after_step=None), steps=steps,
+                  stream=TaskStream(fake_tasks(40), seed=0, upsample_after_step=None), steps=steps,
                   out_dir=tempfile.mkdtemp(prefix="c2jax_async_ray_"), ckpt=FakeCkpt(), on_step=on_step,
                   health_every_s=0.5)
     try:

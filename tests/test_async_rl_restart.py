@@ -95,14 +95,14 @@ class FakeCkpt:
         self.saved.append((step, tree["params"], json.loads(json.dumps(loader_state))))
 
 
-def _tasks(n):
+def fake_tasks(n):
     return [types.SimpleNamespace(instance_id=f"task{i:03d}", metadata={}) for i in range(n)]
 
 
 def _run(out_dir, *, staleness, crash_at=None, seed=0, ckpt=None, restore_from=None):
     rl = {"tasks_per_step": B, "group_size": G, "max_staleness": staleness, "max_in_flight": 2 * G, "ckpt_every": 1}
     ctx = RLContext(rl=rl, learner=None, engine=None, policy=None, harness=None, seed=0)
-    stream = TaskStream(_tasks(3 * STEPS * B), seed=0, upsample_after_step=None)
+    stream = TaskStream(fake_tasks(3 * STEPS * B), seed=0, upsample_after_step=None)
     version, start, state = 0, 0, FakeState("init")
     if restore_from is not None:
         start, params, loader = restore_from
@@ -156,7 +156,7 @@ def test_checkpointed_group_from_an_unknown_policy_version_is_dropped_and_counte
 
     store = GroupStore(str(tmp_path / "run" / "groups"))
     idx = open_slots[0]["index"]
-    path = store._path(idx)
+    path = store.path(idx)
     rec = store.load(idx)
     if rec is None:  # the group had not finished before the crash: write it as if it had
         pytest.skip("first open group had no file")

@@ -71,7 +71,7 @@ class GroupStore:
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
 
-    def _path(self, index: int) -> str:
+    def path(self, index: int) -> str:
         return os.path.join(self.dir, f"group_{int(index):08d}.json")
 
     def save(self, slot: Any) -> str:
@@ -81,7 +81,7 @@ class GroupStore:
                "samples": [{"index": int(s.index), "trajectory": s.trajectory.to_json(), "mask_reason": s.mask_reason,
                             "stop_reason": s.stop_reason, "wall_s": float(s.wall_s), "grade_s": float(s.grade_s)}
                            for s in slot.samples]}
-        path = self._path(slot.index)
+        path = self.path(slot.index)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(rec, f)
@@ -91,7 +91,7 @@ class GroupStore:
         return path
 
     def load(self, index: int) -> GroupRecord | None:
-        path = self._path(index)
+        path = self.path(index)
         if not os.path.exists(path):
             return None
         with open(path) as f:
@@ -107,6 +107,6 @@ class GroupStore:
     def remove(self, indices: Iterable[int]) -> None:
         for i in indices:
             try:
-                os.remove(self._path(i))
+                os.remove(self.path(i))
             except FileNotFoundError:
                 pass
