@@ -46,6 +46,10 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     # Asynchronous services (c2jax.train.async_rl): off = the synchronous step loop.
     services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
                   eval_every=0, health_check_s=5.0),
+    # How the learner's weights reach the engine (c2jax.sync.engine_sync): 'direct' hands the arrays
+    # over; 'delta' publishes zstd XOR deltas (a full snapshot every `full_every`) in the background
+    # and the engine gets the rebuilt, hash-verified weights. dir None = <workdir>/rl/weights.
+    weight_sync=dict(mode="direct", full_every=10, dir=None, wire_dtype=None, keep_full=2, level=3),
 )
 
 LEARNER_MOE_IMPLS = ("dropless", "pallas")  # the dropless entries of c2jax.model.MOE_IMPLS
@@ -176,6 +180,12 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     _int(check, "services.max_retries", sv.get("max_retries"), 0)
     _int(check, "services.eval_every", sv.get("eval_every"), 0)
     _float(check, "services.health_check_s", sv.get("health_check_s"), 0.0, lo_open=True)
+    from c2jax.sync.engine_sync import resolve_weight_sync
+
+    try:
+        resolve_weight_sync(c["weight_sync"])
+    except ValueError as e:
+        check.error("weight_sync", str(e).removeprefix("rl.weight_sync: "))
     # Cross-key checks (only when the pieces are individually fine).
     if isinstance(c["steps"], int) and isinstance(c["tasks_per_step"], int) and isinstance(tasks.get("n_train"), int):
         need = c["steps"] * c["tasks_per_step"]

@@ -196,8 +196,14 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     policy = EnginePolicy(engine, fmt, temperature=float(rl["temperature"]), top_p=float(rl["top_p"]), seed=seed)
     pool = SandboxPool(max_concurrency=int(rl["max_in_flight"]))
     ref = jax.tree_util.tree_map(jax.numpy.asarray, params0) if rl["reference"] == "init" else None
+    from c2jax.sync import WeightSync
+
+    wcfg = dict(rl["weight_sync"])
+    if wcfg["mode"] == "delta" and wcfg["dir"] is None:
+        wcfg["dir"] = os.path.join(out_dir, "weights")
+    weight_sync = WeightSync(engine, wcfg) if wcfg["mode"] == "delta" else None
     ctx = RLContext(rl=rl, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
-                    ref_params=ref, seed=seed)
+                    ref_params=ref, seed=seed, weight_sync=weight_sync)
     logger = MetricsLogger(out_dir)
     steps = int(rl["steps"])
     bar = Progress(steps, initial=start, desc="rl")
@@ -240,6 +246,8 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
         bar.close()
         logger.close()
         ckpt.close()
+        if weight_sync is not None:
+            weight_sync.close()  # flush: the last version is written and delivered
         engine.shutdown()
         pool.close()
     timings["rl_s"] = time.time() - t_rl

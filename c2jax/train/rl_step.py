@@ -48,6 +48,7 @@ class RLContext:
     seed: int = 0
     grade_fn: Any = None
     reward_names: tuple = ("task", "reward", "resolved", "f2p_fraction", "p2p_regressions")
+    weight_sync: Any = None  # c2jax.sync.WeightSync (rl.weight_sync 'delta'); None = engine.update_weights
 
 
 @dataclasses.dataclass
@@ -65,6 +66,8 @@ def _rows_bucket(n: int) -> int:
 
 
 def publish(ctx: RLContext, params: Any, version: int) -> float:
+    if ctx.weight_sync is not None:  # non-blocking: compression + rebuild run on background threads
+        return ctx.weight_sync.publish(params, version)
     t0 = time.monotonic()
     ctx.engine.update_weights(params, version)
     return time.monotonic() - t0
@@ -160,6 +163,10 @@ def rl_step(ctx: RLContext, state: TrainState, tasks: Sequence[Any], *, step: in
     ctx.policy.seed = ctx.seed
     ctx.policy.seed_salt = step
     t0 = time.monotonic()
+    if ctx.weight_sync is not None:
+        ctx.weight_sync.wait()  # the engine holds engine_version before this step's rollouts
+    wait_s = time.monotonic() - t0
+    t0 = time.monotonic()
     samples: list[Sample] = collect(ctx.harness, ctx.policy, tasks, group_size=G, pool=ctx.pool,
                                     max_in_flight=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
                                     grade_fn=ctx.grade_fn)
@@ -176,6 +183,9 @@ def rl_step(ctx: RLContext, state: TrainState, tasks: Sequence[Any], *, step: in
         publish_s = publish(ctx, state.params, version)
         engine_version = version
     metrics.update(out.metrics)
+    if ctx.weight_sync is not None:
+        metrics.update(ctx.weight_sync.metrics())  # weight_sync/*: identical share per dtype, delta size
+        metrics["time/weight_wait_s"] = wait_s
     metrics.update({"version": float(version), "engine_version": float(engine_version),
                     "time/rollout_s": rollout_s, "time/publish_s": publish_s,
                     "time/step_s": time.monotonic() - t_step})

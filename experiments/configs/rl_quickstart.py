@@ -92,6 +92,7 @@ def _rl(**over) -> dict:
         eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32),
         services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
                       eval_every=0, health_check_s=5.0),
+        weight_sync=dict(mode="direct", full_every=10, dir=None, wire_dtype=None, keep_full=2, level=3),
     )
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(rl.get(k), dict) and k != "rewards":

@@ -58,7 +58,7 @@ def run_services(ctx: RLContext, state: Any, *, stream: Any, ckpt: Any, logger: 
         evaluator = make_backend("local").spawn("eval", lambda: Evaluator(eval_fn))
     svc_dir = os.path.join(out_dir, "services")
     run = AsyncRL(ctx, rollout=rollout, trainer=trainer, publisher=getattr(rollout, "publisher", None)
-                  or EnginePublisher(ctx.engine), stream=stream, steps=int(rl["steps"]), out_dir=svc_dir, ckpt=ckpt,
+                  or EnginePublisher(ctx.engine, sync=ctx.weight_sync), stream=stream, steps=int(rl["steps"]), out_dir=svc_dir, ckpt=ckpt,
                   logger=logger, evaluator=evaluator, eval_every=int(sv["eval_every"]),
                   inflight_updates=bool(sv["inflight_updates"]), max_retries=int(sv["max_retries"]),
                   health_every_s=float(sv["health_check_s"]), on_step=on_step)
