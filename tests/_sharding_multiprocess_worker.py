@@ -31,7 +31,7 @@ def main(out_dir: str, ckpt_dir: str) -> None:
     from c2jax.model.sharding import (MeshConfig, abstract_state, batch_shardings, global_batch, jit_train_step,
                                       make_mesh, sharded_apply_fn, state_shardings)
     from c2jax.train import optim
-    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.checkpoint import Checkpointer
     from c2jax.train.pretrain import model_apply_fn
     from c2jax.train.state import TrainState
     from c2jax.train.step import make_train_step

@@ -68,7 +68,7 @@ def test_smoke_preset_end_to_end(tmp_path, cache):
 
 
 def _param_hash(workdir) -> str:
-    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.checkpoint import Checkpointer
 
     step, params = Checkpointer(os.path.join(workdir, "rl", "checkpoints")).restore_params()
     import jax

@@ -12,7 +12,7 @@ from c2jax.model.params_spec import logical_axes, trainable_mask
 from c2jax.model.sharding import (MeshConfig, abstract_state, batch_shardings, jit_train_step, make_mesh,
                                   param_partition_specs, sharded_apply_fn, state_shardings)
 from c2jax.train import optim
-from c2jax.train.checkpoint import Checkpointer
+from c2jax.checkpoint import Checkpointer
 from c2jax.train.pretrain import model_apply_fn
 from c2jax.train.state import TrainState
 from c2jax.train.step import make_train_step

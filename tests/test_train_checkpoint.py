@@ -9,7 +9,7 @@ import pytest
 
 import train_toy_model as toy
 from c2jax.train import optim
-from c2jax.train.checkpoint import Checkpointer, CheckpointCorruptWarning
+from c2jax.checkpoint import Checkpointer, CheckpointCorruptWarning
 from c2jax.train.state import TrainState
 from c2jax.train.step import make_train_step
 

@@ -302,7 +302,7 @@ def build_agent(policy: str, *, checkpoint: str | None = None, tokenizer: str | 
     if policy == "engine":
         from c2jax.agent.policies import EnginePolicy
         from c2jax.sampling import Engine, EngineConfig
-        from c2jax.serve.checkpoint import load_serving_checkpoint
+        from c2jax.sampling.checkpoint import load_serving_checkpoint
 
         if not checkpoint:
             raise ValueError("--policy engine needs --checkpoint DIR")

@@ -63,7 +63,7 @@ def load_serving_checkpoint(path: str, tokenizer: str | None = None, model_prese
             with open(mj) as f:
                 cfg = ModelConfig.from_config(json.load(f))
     else:
-        from c2jax.train.checkpoint import Checkpointer
+        from c2jax.checkpoint import Checkpointer
 
         ck = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
         got = Checkpointer(ck).restore_params()

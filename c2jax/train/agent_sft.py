@@ -205,8 +205,8 @@ def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_d
 
 
 def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
-    from c2jax.serve.checkpoint import save_serving_checkpoint
-    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.sampling.checkpoint import save_serving_checkpoint
+    from c2jax.checkpoint import Checkpointer
     from c2jax.train.pretrain import base_model_config, load_data
     from c2jax.train.rl_family import ensure_family
 

@@ -155,7 +155,7 @@ def init_params(init_from: str, cfg, seed: int) -> Any:
         params, _ = from_pretrained(path, dtype=cfg.param_dtype)
         return _check_params(params, cfg, f"hf checkpoint {path}")
     if kind == "ckpt":
-        from c2jax.train.checkpoint import Checkpointer
+        from c2jax.checkpoint import Checkpointer
 
         got = Checkpointer(_ckpt_dir(path)).restore_params()
         if got is None:
@@ -344,7 +344,7 @@ def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tupl
 
     # Parameters: previous stage's final checkpoint, else init_from.
     if prev.get("checkpoint_dir"):
-        from c2jax.train.checkpoint import Checkpointer
+        from c2jax.checkpoint import Checkpointer
 
         got = Checkpointer(prev["checkpoint_dir"]).restore_params()
         if got is None:
