@@ -23,7 +23,7 @@ def full_suite():
     missing = [p.name for p in pypi.PACKAGES if pypi.cached_path(p) is None]
     if missing:
         pytest.skip(f"PyPI cache incomplete ({missing}); run `python -m c2jax.bench prefetch`")
-    from c2jax.bench.suites import build_suite
+    from c2jax.bench.build import build_suite
 
     out = tempfile.mkdtemp(prefix="c2bench_full_")
     with using_state():

@@ -67,7 +67,7 @@ def test_held_out_export_feeds_the_corpus_hook(tmp_path):
 
 
 def test_unbuildable_packages_are_skipped_with_the_reason_in_the_build_report(tmp_path):
-    from c2jax.bench.suites import build_suite
+    from c2jax.bench.build import build_suite
     from c2jax.envs.synth import pypi
     from c2jax.envs.synth.sources import sdist_codebase
 

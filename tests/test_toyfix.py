@@ -171,7 +171,7 @@ def test_build_is_cached_and_a_missing_done_marker_rebuilds(suite, tmp_path):
 
 @needs_bwrap
 def test_environments_are_recreated_from_records(suite):
-    from c2jax.bench.materialize import env_exists
+    from c2jax.envs.images import env_exists
     from c2jax.envs import images
     from c2jax.envs.tasks import load_tasks
 

@@ -81,7 +81,7 @@ class HarnessBenchPolicy:
         self.harness, self.policy = harness, policy
 
     def solve(self, task: TaskRecord, sample: int):
-        from c2jax.bench.policies import Attempt
+        from c2jax.envs.tasks import Attempt
         from c2jax.envs import start
 
         t0 = time.monotonic()

@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         print(heldout.write(a.out))
         return 0
     if a.cmd == "build":
-        from c2jax.bench.suites import GENERATED_SUITES, SUITES, build_suite, format_stats
+        from c2jax.bench.build import build_suite
+        from c2jax.bench.suites import GENERATED_SUITES, SUITES, format_stats
 
         if a.suite not in SUITES and a.suite not in GENERATED_SUITES:
             print(f"unknown suite {a.suite!r}; known: {sorted(SUITES) + sorted(GENERATED_SUITES)}", file=sys.stderr)

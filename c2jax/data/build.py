@@ -34,7 +34,7 @@ from c2jax.data import tokenizer as T
 from c2jax.data.chat_format import ChatFormat, Message
 from c2jax.data.corpus import SPLITS, Corpus, CorpusError, build_corpus, cfg_get, source_order
 from c2jax.data.shards import FORMAT_VERSION, ShardError, ShardReader, ShardWriter, read_meta
-from c2jax.data.sources import Document
+from c2jax.data.documents import Document
 
 TOKENIZER_FORMAT = 1
 BATCH_DOCS = 512  # documents tokenised and committed per shard batch (the resume granularity)

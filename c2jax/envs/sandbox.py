@@ -541,16 +541,18 @@ class Sandbox:
         with self._frozen():
             return workspace_diff(self._spec.layers, os.path.join(self.dir, "rw", "upper"), self._root_fd)
 
-    def snapshot(self) -> str:
+    def snapshot(self, env_id: str | None = None, extra_meta: dict | None = None) -> str:
         """Freeze the workspace's current state as a new environment; returns its env_id.
 
         The sandbox is frozen (cgroup freezer) while its changes are copied, so the snapshot is
         consistent; contents are read through the merged view, deletions kept as whiteouts.
+        `env_id`/`extra_meta` name the new environment and add to its meta.json (`derive_env`).
         """
         self._check_alive()
         upper = os.path.join(self.dir, "rw", "upper")
         with self._frozen():
-            return images.new_layer_env(self.env_id, lambda dst: _copy_layer(upper, self._root_fd, dst))
+            return images.new_layer_env(self.env_id, lambda dst: _copy_layer(upper, self._root_fd, dst),
+                                        env_id=env_id, extra_meta=extra_meta)
 
     def fork(self, **overrides: Any) -> "Sandbox":
         """A new sandbox starting from this one's current workspace (processes are not copied)."""

@@ -575,7 +575,7 @@ def is_toyfix(task: TaskRecord) -> bool:
 def materialize_envs(tasks: Sequence[TaskRecord], ctx_dir: str | None = None) -> dict[str, Any]:
     """Re-create the missing environments of toyfix tasks from their records (the broken package is
     in provenance.repo); others are left alone. Returns {"recreated": [...], "failed": {iid: why}}."""
-    from c2jax.bench.materialize import env_exists
+    from c2jax.envs.images import env_exists
 
     todo = [t for t in tasks if is_toyfix(t) and not env_exists(t.env_id)]
     rep: dict[str, Any] = {"recreated": [], "failed": {}}
@@ -767,7 +767,7 @@ def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, diffic
     timing["leakage_s"] = time.monotonic() - t1
     if not leak["ok"]:
         raise RuntimeError(f"toyfix leakage check failed: { {k: v for k, v in leak.items() if v} }")
-    from c2jax.bench.suites import stats_table
+    from c2jax.envs.tasks import stats_table
 
     main_tasks = records["train"] + records["eval"]
     stats = stats_table(main_tasks)
@@ -805,7 +805,7 @@ DEFAULT_SIZES = {"n_eval": 64, "n_train": 128, "n_demo": 256, "difficulty": 1}
 def make_suite_tasks(out_dir: str, *, workers: int = 2, seed: int = 0, **overrides: Any
                      ) -> tuple[list[TaskRecord], dict[str, Any], dict[str, Any]]:
     """The `python -m c2jax.bench build --suite toyfix` entry: default sizes; returns (tasks of
-    tasks.jsonl, stats, report) like `bench.suites.build_suite`."""
+    tasks.jsonl, stats, report) like `bench.build.build_suite`."""
     res = build_toyfix(out_dir, workers=workers, seed=seed, **{**DEFAULT_SIZES, **overrides})
     tasks = load_tasks(res["tasks"])
     with open(res["stats"]) as f:
