@@ -73,8 +73,8 @@ def torch_step(cfg, params_np, tokens_np):
     import torch
     import transformers
 
-    from c2jax.model.hf_config import hf_config_from_model_config
-    from c2jax.model.hf_keys import hf_state_dict_from_params
+    from c2jax.model.hf.config import hf_config_from_model_config
+    from c2jax.model.hf.keys import hf_state_dict_from_params
 
     hf = {k: v for k, v in hf_config_from_model_config(cfg).items() if k != "architectures"}
     config = transformers.DeepseekV3Config(**hf)

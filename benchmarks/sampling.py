@@ -5,7 +5,7 @@ and continuous vs static batching, in one process.
     python benchmarks/sampling.py --new-tokens 64 --batches 1,8 --repeats 1   # quicker
 
 1. Same weights on both sides: the `small` preset (mtp_depth 0, dropless MoE) is initialised in
-   JAX, written with `c2jax.model.hf_io.save_pretrained` and loaded by
+   JAX, written with `c2jax.model.hf.io.save_pretrained` and loaded by
    `transformers.DeepseekV3ForCausalLM.from_pretrained` (float32, eager, CPU). A greedy agreement
    check on a few prompts is printed (both sides are f32 argmax of the same model).
 2. Decode tokens/s at batch 1, 8, 32: `batch` prompts of `--prompt-len` random tokens, exactly
@@ -49,7 +49,7 @@ from c2jax.sampling import Engine, EngineConfig, Request, SamplingParams  # noqa
 def _hf_model(params, cfg, tmp):
     import torch
     from transformers import DeepseekV3ForCausalLM
-    from c2jax.model.hf_io import save_pretrained
+    from c2jax.model.hf.io import save_pretrained
 
     save_pretrained(params, cfg, tmp, dtype="float32")
     model = DeepseekV3ForCausalLM.from_pretrained(tmp, dtype=torch.float32)

@@ -32,7 +32,7 @@ SECTION_MODULES: dict[str, str] = {
     "smoke": "c2jax.train.smoke",
     "rl": "c2jax.rl.config_checks",
     "data": "c2jax.data.config_checks",
-    "mesh": "c2jax.model.sharding",
+    "mesh": "c2jax.model.parallel.sharding",
     "agent": "c2jax.agent.config",
     "agent_sft": "c2jax.train.agent_sft",
     "sft_matched": "c2jax.train.sft_matched",

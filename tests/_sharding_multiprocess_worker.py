@@ -28,8 +28,8 @@ def main(out_dir: str, ckpt_dir: str) -> None:
 
     from _sharding_fixtures import LOSS, packed_batch, tiny_cfg, tiny_params
     from c2jax.model.params_spec import logical_axes, trainable_mask
-    from c2jax.model.sharding import (MeshConfig, abstract_state, batch_shardings, global_batch, jit_train_step,
-                                      make_mesh, sharded_apply_fn, state_shardings)
+    from c2jax.model.parallel.sharded import abstract_state, jit_train_step, sharded_apply_fn, state_shardings
+    from c2jax.model.parallel.sharding import MeshConfig, batch_shardings, global_batch, make_mesh
     from c2jax.train import optim
     from c2jax.checkpoint import Checkpointer
     from c2jax.train.pretrain import model_apply_fn

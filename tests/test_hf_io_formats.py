@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from c2jax.model.config import ModelConfig
-from c2jax.model.hf_config import CheckpointError, UnsupportedArchitectureError, hf_config_from_model_config
-from c2jax.model.hf_formats import dequantize_packed, unpack_int32
-from c2jax.model.hf_io import from_pretrained, inspect_checkpoint, main, save_pretrained
-from c2jax.model.hf_keys import hf_state_dict_from_params
+from c2jax.model.hf.config import CheckpointError, UnsupportedArchitectureError, hf_config_from_model_config
+from c2jax.model.hf.formats import dequantize_packed, unpack_int32
+from c2jax.model.hf.io import from_pretrained, inspect_checkpoint, main, save_pretrained
+from c2jax.model.hf.keys import hf_state_dict_from_params
 
 from _hf_ckpt_writers import (BF16, assert_trees_equal, tiny_cfg, fp8_expected, fp8_quantise, int4_pack,
                              fp8_quantisable, random_params, write_checkpoint)
@@ -49,7 +49,7 @@ def test_fp8_block_checkpoint_with_mtp(tmp_path, block, shards):
     assert rep.formats["fp8"] == sum(map(fp8_quantisable, sd)) and rep.layout == "per_expert"
     assert set(rep.ignored) == {"model.layers.3.embed_tokens.weight", "model.layers.3.shared_head.head.weight"}
     # expected tree: the library's (transformers-verified) mapping of the independently dequantised tensors
-    from c2jax.model.hf_keys import params_from_hf_state_dict
+    from c2jax.model.hf.keys import params_from_hf_state_dict
     want = params_from_hf_state_dict(expected, cfg, dtype="float32")
     assert_trees_equal(loaded, want)
     # the dequantised weights are close to the originals (sanity of the quantiser itself)
@@ -155,7 +155,7 @@ def test_int4_kimi_k25_checkpoint(tmp_path, quant_in_text_config):
     assert set(rep.ignored) == info["ignored"]
     icfg, irep = inspect_checkpoint(str(tmp_path / "k25"))
     assert irep.formats == rep.formats and irep.ignored == rep.ignored
-    from c2jax.model.hf_keys import params_from_hf_state_dict
+    from c2jax.model.hf.keys import params_from_hf_state_dict
     assert_trees_equal(loaded, params_from_hf_state_dict(info["expected"], cfg, dtype="float32"))
     # INT4 error is bounded by half a quantisation step of each group
     got = loaded["moe_layers"]["moe"]["experts"]["down_proj"]

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from c2jax.model.config import ModelConfig, RopeScaling, preset
-from c2jax.model.hf_config import (
+from c2jax.model.hf.config import (
     CheckpointError, UnsupportedArchitectureError, hf_config_from_model_config, model_config_from_hf)
-from c2jax.model.hf_keys import hf_state_dict_from_params, params_from_hf_state_dict
+from c2jax.model.hf.keys import hf_state_dict_from_params, params_from_hf_state_dict
 from c2jax.model.params_spec import map_specs, param_specs
 
 torch = pytest.importorskip("torch")

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from c2jax.model.config import preset
-from c2jax.model.hf_config import hf_config_from_model_config
-from c2jax.model.hf_formats import dequantize_packed, unpack_int32
-from c2jax.model.hf_io import from_pretrained, save_pretrained
-from c2jax.model.hf_keys import hf_state_dict_from_params, params_from_hf_state_dict
+from c2jax.model.hf.config import hf_config_from_model_config
+from c2jax.model.hf.formats import dequantize_packed, unpack_int32
+from c2jax.model.hf.io import from_pretrained, save_pretrained
+from c2jax.model.hf.keys import hf_state_dict_from_params, params_from_hf_state_dict
 
 from _hf_ckpt_writers import BF16, assert_trees_equal, fp8_quantise, fp8_quantisable, random_params, write_checkpoint
 

@@ -19,8 +19,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from c2jax.model.config import AttentionConfig, ModelConfig, MoEConfig, RopeScaling  # noqa: E402
-from c2jax.model.hf_config import hf_config_from_model_config  # noqa: E402
-from c2jax.model.hf_keys import params_from_hf_state_dict  # noqa: E402
+from c2jax.model.hf.config import hf_config_from_model_config  # noqa: E402
+from c2jax.model.hf.keys import params_from_hf_state_dict  # noqa: E402
 from c2jax.model.cache import init_cache  # noqa: E402
 from c2jax.model.transformer import apply  # noqa: E402
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from c2jax.model.comm_stats import collective_stats
-from c2jax.model.sharding import MeshConfig, make_mesh
+from c2jax.model.parallel.comm_stats import collective_stats
+from c2jax.model.parallel.sharding import MeshConfig, make_mesh
 
 HLO = """HloModule m
 

@@ -8,8 +8,8 @@ import pytest
 
 from c2jax.config import ConfigError, validate
 from c2jax.model.config import model_config_dict
-from c2jax.model.ep_moe import use_ragged
-from c2jax.model.sharding import (MESH_PRESETS, MeshConfig, check_batch_divisible, make_mesh,
+from c2jax.model.parallel.ep_moe import use_ragged
+from c2jax.model.parallel.sharding import (MESH_PRESETS, MeshConfig, check_batch_divisible, make_mesh,
                                   mesh_config_dict)
 
 

@@ -10,10 +10,10 @@ import pytest
 
 from _sharding_fixtures import rel_fro
 from c2jax.model import mla
-from c2jax.model.comm_stats import compiled_collective_stats
+from c2jax.model.parallel.comm_stats import compiled_collective_stats
 from c2jax.model.config import preset
-from c2jax.model.cp_attention import causal_block_counts, cp_attention, zigzag_perms
-from c2jax.model.sharding import MeshConfig, make_mesh
+from c2jax.model.parallel.cp_attention import causal_block_counts, cp_attention, zigzag_perms
+from c2jax.model.parallel.sharding import MeshConfig, make_mesh
 
 B, S = 2, 32
 

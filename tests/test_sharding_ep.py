@@ -10,9 +10,9 @@ import pytest
 
 from _sharding_fixtures import rel_fro
 from c2jax.model.config import preset
-from c2jax.model.ep_moe import dispatch_layout, ep_moe
+from c2jax.model.parallel.ep_moe import dispatch_layout, ep_moe
 from c2jax.model.moe_impls import dropless_moe
-from c2jax.model.sharding import MeshConfig, make_mesh
+from c2jax.model.parallel.sharding import MeshConfig, make_mesh
 
 N = 64  # tokens: 8 per device on the 8-device mesh
 

@@ -8,8 +8,9 @@ import pytest
 
 from _sharding_fixtures import LOSS, packed_batch, rel_fro, tiny_cfg, tiny_params
 from c2jax.losses import combined_loss
-from c2jax.model.sharding import (MeshConfig, batch_shardings, make_mesh, param_partition_specs,
-                                  param_shardings, sharded_apply_fn)
+from c2jax.model.parallel.sharded import sharded_apply_fn
+from c2jax.model.parallel.sharding import (MeshConfig, batch_shardings, make_mesh, param_partition_specs,
+                                           param_shardings)
 from c2jax.train.pretrain import model_apply_fn
 
 MESHES = {

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from c2jax.model.config import preset
-from c2jax.model.packing import (PackingError, balance_sequences, cost_coefficients, naive_packing,
+from c2jax.model.parallel.packing import (PackingError, balance_sequences, cost_coefficients, naive_packing,
                                  pack_layout, sequence_cost)
 
 

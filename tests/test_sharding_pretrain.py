@@ -6,7 +6,7 @@ import pytest
 
 from _data_fixtures import fake_data_config
 from c2jax.model.config import model_config_dict
-from c2jax.model.sharding import mesh_config_dict
+from c2jax.model.parallel.sharding import mesh_config_dict
 
 
 def _config(data, mesh=None):

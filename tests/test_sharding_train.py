@@ -9,8 +9,8 @@ import pytest
 
 from _sharding_fixtures import LOSS, packed_batch, rel_fro, tiny_cfg, tiny_params
 from c2jax.model.params_spec import logical_axes, trainable_mask
-from c2jax.model.sharding import (MeshConfig, abstract_state, batch_shardings, jit_train_step, make_mesh,
-                                  param_partition_specs, sharded_apply_fn, state_shardings)
+from c2jax.model.parallel.sharded import abstract_state, jit_train_step, sharded_apply_fn, state_shardings
+from c2jax.model.parallel.sharding import MeshConfig, batch_shardings, make_mesh, param_partition_specs
 from c2jax.train import optim
 from c2jax.checkpoint import Checkpointer
 from c2jax.train.pretrain import model_apply_fn

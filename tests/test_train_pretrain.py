@@ -210,7 +210,7 @@ def test_init_from_hf_directory_round_trips_and_rejects_a_mismatched_model(tmp_p
 
     from c2jax.model import init
     from c2jax.model.config import preset
-    from c2jax.model.hf_io import save_pretrained
+    from c2jax.model.hf.io import save_pretrained
     from c2jax.train.pretrain import init_params
 
     cfg = preset("tiny").replace(num_layers=2, vocab_size=128)

@@ -138,7 +138,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
 
     `attend_fn` / `experts_fn` swap the attention (cache-free path) and the routed-expert
     computation for implementations with the same signatures (`mla.attend_expanded`,
-    `moe_impls.MOE_IMPLS` entries); `c2jax.model.sharding` passes the context-parallel attention
+    `moe_impls.MOE_IMPLS` entries); `c2jax.model.parallel.sharding` passes the context-parallel attention
     and the expert-parallel dispatch here. None = the single-device defaults."""
     b, s = tokens.shape
     dt = jnp.dtype(cfg.dtype)

@@ -1,7 +1,7 @@
 """What `python -m c2jax.serve --checkpoint PATH` loads: parameters, model config and tokenizer.
 
 A serving checkpoint is a directory holding
-* the weights: either Hugging Face format (``config.json`` + safetensors, `c2jax.model.hf_io`,
+* the weights: either Hugging Face format (``config.json`` + safetensors, `c2jax.model.hf.io`,
   what `save_serving_checkpoint` writes) or a c2jax training checkpoint (Orbax ``checkpoints/``
   of a stage directory, or the Orbax directory itself) plus ``model.json`` (`ModelConfig.to_dict`)
   or a preset name given with ``--model-preset``;
@@ -22,7 +22,7 @@ class ServeCheckpointError(ValueError):
 
 def save_serving_checkpoint(path: str, params: Any, cfg: Any, tokenizer: Tokenizer) -> str:
     """Write params (HF safetensors + config.json), ``model.json`` and ``tokenizer.json`` to `path`."""
-    from c2jax.model.hf_io import save_pretrained
+    from c2jax.model.hf.io import save_pretrained
 
     os.makedirs(path, exist_ok=True)
     save_pretrained(params, cfg, path)
@@ -53,7 +53,7 @@ def load_serving_checkpoint(path: str, tokenizer: str | None = None, model_prese
         raise ServeCheckpointError(f"no tokenizer at {tok_path}; pass --tokenizer PATH")
     tok = Tokenizer.load(tok_path)
     if os.path.exists(os.path.join(path, "config.json")):
-        from c2jax.model.hf_io import from_pretrained
+        from c2jax.model.hf.io import from_pretrained
 
         params, cfg = from_pretrained(path)
         mj = os.path.join(path, "model.json")

@@ -150,7 +150,7 @@ def init_params(init_from: str, cfg, seed: int) -> Any:
         return init(cfg, jax.random.PRNGKey(seed))
     kind, _, path = init_from.partition(":")
     if kind == "hf":
-        from c2jax.model.hf_io import from_pretrained
+        from c2jax.model.hf.io import from_pretrained
 
         params, _ = from_pretrained(path, dtype=cfg.param_dtype)
         return _check_params(params, cfg, f"hf checkpoint {path}")
@@ -320,7 +320,7 @@ def _bigram(ctx: dict, workdir: str, seq_len: int, ecfg: dict, sources: list[str
 
 def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.model.params_spec import logical_axes, trainable_mask
-    from c2jax.model.sharding import training_plan
+    from c2jax.model.parallel.sharded import training_plan
     from c2jax.train import optim
     from c2jax.train.evaluation import codebase_probe, held_out_losses, to_model_batch
     from c2jax.train.loop import train_loop
@@ -359,7 +359,7 @@ def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tupl
                               axes=logical_axes(cfg))
     state = TrainState.create(params, tx)
     S, B = int(scfg["seq_len"]), int(scfg["batch_size"])
-    # config.mesh (c2jax.model.sharding): None = one device; else sharded forward (CP attention,
+    # config.mesh (c2jax.model.parallel.sharding): None = one device; else sharded forward (CP attention,
     # EP dispatch), step jitted with state/batch shardings, state placed on the mesh.
     plan = training_plan(config, cfg, B, S)
     apply_fn = plan.apply_fn() if plan else model_apply_fn(cfg)

@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
-from c2jax.model.hf_config import CheckpointError
+from c2jax.model.hf.config import CheckpointError
 
 FP8_SCALE_SUFFIX = "_scale_inv"      # "<name>.weight" + "_scale_inv"
 INT4_SUFFIXES = ("_packed", "_scale", "_shape", "_zero_point")  # "<name>.weight" + suffix

@@ -33,11 +33,11 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 import numpy as np
 
 from c2jax.model.config import ModelConfig
-from c2jax.model.hf_config import (
+from c2jax.model.hf.config import (
     CheckpointError, UnsupportedArchitectureError, hf_config_from_model_config, model_config_from_hf, text_config)
-from c2jax.model.hf_formats import (
+from c2jax.model.hf.formats import (
     SafetensorsReader, check_quantization, dequantize_fp8_blocks, dequantize_packed, fp8_block_size, int4_settings)
-from c2jax.model.hf_keys import (
+from c2jax.model.hf.keys import (
     FP32_LEAVES, LAYOUTS, _np_dtype, check_keys, detect_layout, fill_params, hf_state_dict_from_params,
     ignorable_keys, iter_hf_tensors, key_plan, params_from_hf_state_dict)
 
@@ -329,7 +329,7 @@ def save_pretrained(params: Mapping[str, Any], cfg: ModelConfig, path: str, *, l
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m c2jax.model.hf_io PATH``: validate a checkpoint directory without loading weights."""
+    """``python -m c2jax.model.hf.io PATH``: validate a checkpoint directory without loading weights."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)

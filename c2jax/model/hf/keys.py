@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import numpy as np
 
 from c2jax.model.config import ModelConfig
-from c2jax.model.hf_config import CheckpointError
+from c2jax.model.hf.config import CheckpointError
 from c2jax.model.params_spec import ParamSpec, param_specs
 
 LAYOUTS = ("per_expert", "fused")

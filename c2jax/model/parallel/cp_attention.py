@@ -195,7 +195,7 @@ def cp_attention(mesh: Mesh, q_nope, q_rope, c_kv, k_rope, seg, w_kvb, cfg: Mode
                  block: int = 0, balanced: bool = True, gather: str = "latent", batch_axes=None):
     """CP attention on global arrays (sequence sharded over ``context``); see `cp_attention_local`.
     Returns (o [B, S, H, dv], blocks computed per device [n_devices] in mesh order)."""
-    from c2jax.model.sharding import ACTIVATION_RULES
+    from c2jax.model.parallel.sharding import ACTIVATION_RULES
 
     ba = ACTIVATION_RULES["batch"] if batch_axes is None else batch_axes
     act = P(ba, CP_AXIS, None, None)  # [batch, seq, heads, head_dim]

@@ -127,7 +127,7 @@ def ep_moe_local(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConf
     dest, lexp, pos, cap = dispatch_layout(idx, e, ep)
     tok = jnp.arange(n * k) // k
     if ragged:
-        from c2jax.model import ep_ragged
+        from c2jax.model.parallel import ep_ragged
 
         a2a = ep_ragged.emulated_ragged_all_to_all if ragged == "emulated" else jax.lax.ragged_all_to_all
         back, received = ep_ragged.ragged_dispatch_combine(
@@ -159,7 +159,7 @@ def ep_moe(mesh: Mesh, p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: M
            quant: Optional[str] = None, ragged: str = "auto", stats: bool = False):
     """Expert-parallel routed experts on global arrays x [N, D], idx/w [N, k] (tokens sharded over
     all token axes, experts over ``expert``). Same result as `moe_impls.dropless_moe`."""
-    from c2jax.model.sharding import activation_spec
+    from c2jax.model.parallel.sharding import activation_spec
 
     ep = mesh.shape[EP_AXIS]
     if m.n_routed_experts % ep:
