@@ -39,6 +39,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
+from c2jax.config import cfg_get
 from c2jax.data import licences
 from c2jax.data.documents import Candidate, Document
 from c2jax.registry import Registry
@@ -98,16 +99,6 @@ def register_source(name: str, kind: str = "text", derived: bool = False, descri
     return deco
 
 
-def _get(cfg: Any, key: str, default: Any) -> Any:
-    if cfg is None:
-        return default
-    try:
-        v = cfg[key] if not hasattr(cfg, "get") else cfg.get(key, default)
-    except (KeyError, AttributeError):
-        return default
-    return default if v is None else v
-
-
 def read_text(path: str) -> str | None:
     """UTF-8 text of a file, or None if it is not valid UTF-8 or contains NUL bytes."""
     try:
@@ -144,8 +135,8 @@ def stdlib_root() -> str:
 
 @register_source("stdlib_code", description="Python source of the standard library")
 def stdlib_code(cfg: Any, ctx: SourceContext) -> Iterator[Candidate]:
-    root = _get(cfg, "root", "") or stdlib_root()
-    skip = set(_get(cfg, "skip", STDLIB_SKIP))
+    root = cfg_get(cfg, "root", "") or stdlib_root()
+    skip = set(cfg_get(cfg, "skip", STDLIB_SKIP))
     for rel in _walk_py(root, skip):
         top = rel.split("/")[0]
         top = top[:-3] if top.endswith(".py") else top
@@ -215,8 +206,8 @@ def installed_dists(patterns: Iterable[str] = ("*",), exclude: Iterable[str] = (
 
 
 def _dists(cfg: Any) -> list[Dist]:
-    return installed_dists(list(_get(cfg, "packages", ["*"])), list(_get(cfg, "exclude", [])),
-                           list(_get(cfg, "site_dirs", [])) or None)
+    return installed_dists(list(cfg_get(cfg, "packages", ["*"])), list(cfg_get(cfg, "exclude", [])),
+                           list(cfg_get(cfg, "site_dirs", [])) or None)
 
 
 def _dist_candidates(source: str, dist: Dist, ctx: SourceContext, want: Callable[[str], bool]) -> Iterator[Candidate]:
@@ -307,8 +298,8 @@ def package_docs(cfg: Any, ctx: SourceContext) -> Iterator[Candidate]:
             c.path = c.path + "#docstrings"
             c.size = c.size // 4  # rough share of docstrings in a module (the cap uses real sizes)
             yield c
-    if _get(cfg, "include_stdlib", True):
-        root = _get(cfg, "stdlib_root", "") or stdlib_root()
+    if cfg_get(cfg, "include_stdlib", True):
+        root = cfg_get(cfg, "stdlib_root", "") or stdlib_root()
         for rel in _walk_py(root, set(STDLIB_SKIP)):
             top = rel.split("/")[0]
             top = top[:-3] if top.endswith(".py") else top
@@ -332,8 +323,8 @@ def validate_transcript(rec: Any) -> str | None:
 
 @register_source("transcripts", kind="chat", description="chat/agent transcripts from JSONL files")
 def transcripts(cfg: Any, ctx: SourceContext) -> Iterator[Candidate]:
-    paths = list(_get(cfg, "paths", []))
-    default_licence = _get(cfg, "licence", licences.UNKNOWN)
+    paths = list(cfg_get(cfg, "paths", []))
+    default_licence = cfg_get(cfg, "licence", licences.UNKNOWN)
     for path in paths:
         if not os.path.exists(path):
             raise FileNotFoundError(f"data.sources.transcripts.paths: {path} does not exist")
@@ -362,13 +353,13 @@ def transcripts(cfg: Any, ctx: SourceContext) -> Iterator[Candidate]:
 def sft_synth(cfg: Any, ctx: SourceContext) -> Iterator[Document]:
     from c2jax.data.synth import synthesize
 
-    from_sources = list(_get(cfg, "from_sources", ["stdlib_code", "package_code"]))
+    from_sources = list(cfg_get(cfg, "from_sources", ["stdlib_code", "package_code"]))
 
     def docs() -> Iterator[Document]:
         for s in from_sources:
             yield from ctx.documents(s)
 
-    yield from synthesize(docs, kinds=list(_get(cfg, "kinds", ["implement", "edit_diff"])),
-                          max_examples=int(_get(cfg, "max_examples", 2000)),
-                          max_function_chars=int(_get(cfg, "max_function_chars", 2000)),
-                          max_file_chars=int(_get(cfg, "max_file_chars", 6000)))
+    yield from synthesize(docs, kinds=list(cfg_get(cfg, "kinds", ["implement", "edit_diff"])),
+                          max_examples=int(cfg_get(cfg, "max_examples", 2000)),
+                          max_function_chars=int(cfg_get(cfg, "max_function_chars", 2000)),
+                          max_file_chars=int(cfg_get(cfg, "max_file_chars", 6000)))

@@ -49,8 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax.config import ConfigError
-from c2jax.train.pretrain_config import TRAIN_DEFAULTS, _plain, merge
+from c2jax.config import ConfigError, to_plain
+from c2jax.train.pretrain_config import TRAIN_DEFAULTS, merge
 from c2jax.train.stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -64,15 +64,15 @@ MTP_TERMS = ("mtp_distill", "mtp_xent")
 
 def stage_config(config: Any, name: str) -> dict:
     """``TRAIN_DEFAULTS`` <- ``config.train`` <- ``config.<name>`` (dicts merged key by key)."""
-    train = _plain(config.get("train", {}) if hasattr(config, "get") else config["train"]) or {}
-    over = _plain(config.get(name, None) if hasattr(config, "get") else None) or {}
+    train = to_plain(config.get("train", {}) if hasattr(config, "get") else config["train"]) or {}
+    over = to_plain(config.get(name, None) if hasattr(config, "get") else None) or {}
     return merge(merge(TRAIN_DEFAULTS, train), over)
 
 
 def base_model_config(config: Any):
     from c2jax.model.config import ModelConfig
 
-    m = _plain(config["model"])
+    m = to_plain(config["model"])
     m.pop("preset", None)
     return ModelConfig.from_config(m)
 

@@ -79,14 +79,14 @@ def check_sample(traj: Trajectory, max_len: int) -> str | None:
 
 async def _one(harness: Any, policy: Any, task: Any, k: int, pool: Any, sem: asyncio.Semaphore, max_len: int,
                grade_fn: Callable | None) -> Sample:
-    from c2jax.agent.rollout import _failed, arollout
+    from c2jax.agent.rollout import failed_episode, arollout
 
     async with sem:
         t0 = time.monotonic()
         try:
             ep = await arollout(harness, policy, task, pool=pool, sample=k, grade_fn=grade_fn)
         except Exception as e:  # noqa: BLE001 - a crashed rollout is masked and counted, never fatal
-            ep = _failed(task, k, f"{type(e).__name__}: {e}")
+            ep = failed_episode(task, k, f"{type(e).__name__}: {e}")
             ep.trajectory.metadata["mask_reason"] = f"error:{type(e).__name__}"
         wall = time.monotonic() - t0
     traj = ep.trajectory
@@ -102,10 +102,10 @@ async def _one(harness: Any, policy: Any, task: Any, k: int, pool: Any, sem: asy
 async def acollect(harness: Any, policy: Any, tasks: Sequence[Any], *, group_size: int, pool: Any = None,
                    max_in_flight: int = 32, max_len: int = 1 << 30, grade_fn: Callable | None = None) -> list[Sample]:
     """`group_size` graded episodes per task, at most `max_in_flight` at once; order: task-major."""
-    from c2jax.bench.agent_eval import _ensure_threads
+    from c2jax.bench.agent_eval import ensure_threads
 
     grade_fn = grade_fn or grade_validated
-    _ensure_threads(2 * max_in_flight + 8)  # sandbox starts, tools and grading run in threads: room for every episode
+    ensure_threads(2 * max_in_flight + 8)  # sandbox starts, tools and grading run in threads: room for every episode
     sem = asyncio.Semaphore(max_in_flight)
     return list(await asyncio.gather(*(_one(harness, policy, t, k, pool, sem, max_len, grade_fn)
                                        for t in tasks for k in range(group_size))))

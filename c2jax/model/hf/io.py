@@ -38,7 +38,7 @@ from c2jax.model.hf.config import (
 from c2jax.model.hf.formats import (
     SafetensorsReader, check_quantization, dequantize_fp8_blocks, dequantize_packed, fp8_block_size, int4_settings)
 from c2jax.model.hf.keys import (
-    FP32_LEAVES, LAYOUTS, _np_dtype, check_keys, detect_layout, fill_params, hf_state_dict_from_params,
+    FP32_LEAVES, LAYOUTS, np_dtype, check_keys, detect_layout, fill_params, hf_state_dict_from_params,
     ignorable_keys, iter_hf_tensors, key_plan, params_from_hf_state_dict)
 
 __all__ = [
@@ -250,7 +250,7 @@ def inspect_checkpoint(path: str, *, load_mtp: bool = True, **overrides: Any) ->
 def _tensor_specs(params: Mapping[str, Any], cfg: ModelConfig, layout: str, dtype: Optional[str],
                   mtp_shared_copies: bool) -> Iterator[tuple[str, tuple[int, ...], np.dtype]]:
     """(key, shape, dtype) of every tensor `iter_hf_tensors` will yield, without computing any."""
-    out_dt = _np_dtype(dtype) if dtype is not None else None
+    out_dt = np_dtype(dtype) if dtype is not None else None
     for ent in key_plan(cfg, layout):
         leaf = params
         for p in ent.slots[0][0]:

@@ -197,7 +197,7 @@ def leaf_dtype(path: Path, cfg: ModelConfig, dtype: Any = None) -> np.dtype:
     """dtype of a loaded parameter: float32 for `FP32_LEAVES`, else `dtype` or `cfg.param_dtype`."""
     if tuple(path[-2:]) in FP32_LEAVES:
         return np.dtype(np.float32)
-    return _np_dtype(dtype) if dtype is not None else _np_dtype(cfg.param_dtype)
+    return np_dtype(dtype) if dtype is not None else np_dtype(cfg.param_dtype)
 
 
 def empty_params(cfg: ModelConfig, dtype: Any = None) -> dict:
@@ -211,7 +211,7 @@ def empty_params(cfg: ModelConfig, dtype: Any = None) -> dict:
     return build(param_specs(cfg), ())
 
 
-def _np_dtype(name: Any) -> np.dtype:
+def np_dtype(name: Any) -> np.dtype:
     import ml_dtypes
 
     return np.dtype(ml_dtypes.bfloat16) if str(name) == "bfloat16" else np.dtype(name)
@@ -303,7 +303,7 @@ def hf_state_dict_from_params(params: Mapping[str, Any], cfg: ModelConfig, layou
 def iter_hf_tensors(params: Mapping[str, Any], cfg: ModelConfig, layout: str = "per_expert",
                     dtype: Any = None, mtp_shared_copies: bool = True) -> Iterator[tuple[str, np.ndarray]]:
     """Yield `(hf_key, array)` one at a time (what `save_pretrained` streams into shards)."""
-    dt = _np_dtype(dtype) if dtype is not None else None
+    dt = np_dtype(dtype) if dtype is not None else None
     for ent in key_plan(cfg, layout):
         ys = [np.asarray(_leaf(params, path)[idx]) for path, idx in ent.slots]
         x = np.ascontiguousarray(ent.to_hf(ys))
