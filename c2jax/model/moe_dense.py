@@ -11,7 +11,7 @@ exact (no token is dropped):
 with ``comb[n, e]`` the gate weight of expert e for token n (0 if not chosen) and
 ``act = silu(x @ gate_e) * (x @ up_e)``. For speed the gate and up projections of all experts
 are ONE matmul against a serving layout ``gate_up [D, E*2*F]`` prepared once per weight version
-by `fuse_experts` (called from forward.serving_params) (a batched [E, N, D] einsum with tiny N runs at a tenth of the matmul rate on
+by `fuse_experts` (called from `c2jax.sampling.forward.serving_params`) (a batched [E, N, D] einsum with tiny N runs at a tenth of the matmul rate on
 CPU); the down projection is one matmul with contraction E*F. With very few tokens per step
 (``slots * top_k <= E / 2``, e.g. batch 1) the engine uses the 'split' layout instead
 (``gate_up_e [E, D, 2F]``) and each expert runs under `lax.cond` only if some token chose it, so
@@ -19,16 +19,20 @@ a step reads only the chosen experts' weights. Without the serving layout (or fo
 the low-precision recipes, which go through `kernels_pallas`) it falls back to the model's
 `batched_expert_matmul`, so ``moe.precision`` is honoured exactly as elsewhere.
 
-Registered in the model's `MOE_IMPLS` as ``'sampler_dense'``; the engine uses it when
-``EngineConfig.moe_impl == 'auto'`` and the experts are few (see engine.py).
+Registered in the model's `MOE_IMPLS` (by `moe_impls`) as ``'sampler_dense'``; the sampling
+engine uses it when ``EngineConfig.moe_impl == 'auto'`` and the experts are few.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
-from c2jax.model.config import MoEConfig, ModelConfig
-from c2jax.model.moe_impls import MOE_IMPLS, batched_expert_matmul
+from c2jax.model.expert_matmul import batched_expert_matmul
+
+if TYPE_CHECKING:
+    from c2jax.model.config import ModelConfig, MoEConfig
 
 NAME = "sampler_dense"
 _FAST_PRECISIONS = ("f32", "bf16")
@@ -90,7 +94,3 @@ def split_experts(experts: dict) -> dict:
 def can_fuse(cfg: ModelConfig) -> bool:
     """The fused layout serves the XLA precisions; low-precision recipes keep the model layout."""
     return cfg.moe.precision in _FAST_PRECISIONS
-
-
-if NAME not in MOE_IMPLS:
-    MOE_IMPLS.register(NAME, dense_all_experts_moe)

@@ -25,7 +25,7 @@ from c2jax.model.config import ModelConfig
 from c2jax.model.norms import rms_norm
 from c2jax.model.rope import rope_cos_sin
 from c2jax.model.transformer import transformer_block
-from c2jax.sampling import moe_dense
+from c2jax.model import moe_dense
 
 
 def _unstack(tree, n: int) -> list:

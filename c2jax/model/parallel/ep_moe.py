@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 
 from c2jax.model.config import MoEConfig
-from c2jax.model.moe_impls import expert_matmul
+from c2jax.model.expert_matmul import expert_matmul
 
 EP_AXIS = "expert"
 
