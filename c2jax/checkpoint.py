@@ -33,6 +33,8 @@ from typing import Any, Optional
 import jax
 import orbax.checkpoint as ocp
 
+from c2jax.atomic import atomic_write_json
+
 log = logging.getLogger(__name__)
 
 
@@ -86,10 +88,7 @@ class Checkpointer:
         for step in (self._pending if primary else ()):
             d = self._step_dir(step)
             if os.path.isdir(d):
-                tmp = os.path.join(self.manifest_dir, f"{step}.json.tmp")
-                with open(tmp, "w") as f:
-                    json.dump(directory_manifest(d), f)
-                os.replace(tmp, os.path.join(self.manifest_dir, f"{step}.json"))
+                atomic_write_json(os.path.join(self.manifest_dir, f"{step}.json"), directory_manifest(d))
         self._pending = []
         live = {str(s) for s in self._mngr.all_steps()}
         for name in (os.listdir(self.manifest_dir) if primary else ()):

@@ -22,7 +22,7 @@ from c2jax.registry import Registry
 SECTION_MODULES: dict[str, str] = {
     "model": "c2jax.model.config",
     "sampling": "c2jax.sampling.config",
-    "envs": "c2jax.envs.limits",
+    "envs": "c2jax.envs.backends",
     "train": "c2jax.train.pretrain_config",
     "cpt": "c2jax.train.pretrain_config",
     "long_context": "c2jax.train.pretrain_config",

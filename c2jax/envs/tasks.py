@@ -45,6 +45,8 @@ import re
 import statistics
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from c2jax.atomic import atomic_open
+
 SCHEMA_VERSION = 1
 SOURCE_KINDS = ("stdlib", "pypi", "installed", "swebench", "harbor")
 CATEGORIES = ("bug_injection", "multi_bug", "feature_deletion", "swebench", "harbor")
@@ -289,15 +291,11 @@ def load_tasks(path: str) -> list[TaskRecord]:
 
 def write_tasks(path: str, tasks: Iterable[TaskRecord]) -> int:
     """Write records as JSONL (atomically); returns the count."""
-    import os
-
-    tmp = f"{path}.tmp"
     n = 0
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path, "w", encoding="utf-8") as f:
         for t in tasks:
             f.write(json.dumps(t.to_json(), sort_keys=True) + "\n")
             n += 1
-    os.replace(tmp, path)
     return n
 
 

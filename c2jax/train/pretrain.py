@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from c2jax.atomic import atomic_write_json
 from c2jax.config import ConfigError, to_plain
 from c2jax.train.pretrain_config import TRAIN_DEFAULTS, merge
 from c2jax.train.stages import STAGES
@@ -312,9 +313,7 @@ def _bigram(ctx: dict, workdir: str, seq_len: int, ecfg: dict, sources: list[str
                           batch_size=int(ecfg["batch_size"]), max_batches=ecfg["max_batches"],
                           train_sources=[s for s in built.sources if built.source_kinds.get(s) == "text"],
                           held_sources=sources)
-    with open(path + ".tmp", "w") as f:
-        json.dump(res, f)
-    os.replace(path + ".tmp", path)
+    atomic_write_json(path, res)
     return res
 
 

@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any, Callable
 
+from c2jax.atomic import atomic_write_json
 from c2jax.config import to_plain
 from c2jax.registry import Registry
 
@@ -44,12 +45,7 @@ def known_stages() -> list[str]:
 
 def write_summary(workdir: str, summary: dict) -> str:
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "summary.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True, default=str)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_json(os.path.join(workdir, "summary.json"), summary, indent=2, sort_keys=True, default=str)
 
 
 def build_cache(config: Any) -> tuple[list[str], str | None, Any]:

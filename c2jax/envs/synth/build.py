@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from c2jax.atomic import atomic_write_json
 from c2jax.envs import derive_env, images
 from c2jax.envs.grading import grade, run_tests
 from c2jax.envs.synth import leakage, prompt
@@ -155,10 +156,7 @@ def gold_outcomes(cb: Codebase, env_id: str, ctx: BuildContext) -> dict[str, dic
         with cf.ThreadPoolExecutor(max(1, ctx.workers)) as ex:
             for tf, res in ex.map(one, todo):
                 cache[tf] = res
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # concurrent builds share the cache
-        with open(tmp, "w") as f:
-            json.dump(cache, f)
-        os.replace(tmp, path)
+        atomic_write_json(path, cache)  # concurrent builds share the cache: unique temporary files
     return cache
 
 
