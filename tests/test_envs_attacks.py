@@ -414,9 +414,9 @@ def test_sigkill_of_parent_leaves_nothing_and_next_start_reaps(repo_env, tmp_pat
             time.sleep(0.05)
         assert pids_in_namespace(pidns) == set(), "sandbox processes outlived their SIGKILLed parent"
         assert os.path.isdir(sb_dir)  # state remains until the next start reaps it
-        from c2jax.envs import sandbox as sandbox_mod
+        from c2jax.envs import reaper
 
-        sandbox_mod._reaped = False  # as in a fresh process: its first start() reaps
+        reaper.last_reap = False  # as in a fresh process: its first start() reaps
         with start(env) as box:
             assert box.exec("true").ok
         assert not os.path.exists(sb_dir)
