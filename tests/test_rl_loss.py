@@ -10,7 +10,8 @@ import pytest
 
 from c2jax.config import ConfigError, ConfigWarning, validate
 from c2jax.rl.loss import DEFAULT_RL_CONFIG, make_rl_loss
-from c2jax.trajectory import Effort, Segment, Trajectory, pad_batch
+from c2jax.batching import pad_batch
+from c2jax.trajectory import Effort, Segment, Trajectory
 
 MAX_LEN, ROWS, N = 24, 8, 8
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from c2jax.rl.rewards import compute_rewards, effort_measure, length_penalty
-from c2jax.trajectory import EFFORT_FIELDS, Effort, Segment, ToolEvent, Trajectory, pad_batch
+from c2jax.batching import pad_batch
+from c2jax.trajectory import EFFORT_FIELDS, Effort, Segment, ToolEvent, Trajectory
 
 X = jnp.array([0.0, 0.5, 1.0, 10.0, 100.0, 1e4])
 PARAMS = [(k, q) for k in (0.01, 0.5, 2.0) for q in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)]

@@ -82,7 +82,7 @@ def _req(fmt):
 
 
 def _batch(trajs, num_rows=None):
-    from c2jax.trajectory import pad_batch
+    from c2jax.batching import pad_batch
 
     return pad_batch(trajs, 1024, num_rows=num_rows, reward_names=("task", "reward"))
 

@@ -218,7 +218,7 @@ def test_greedy_episode_same_tool_calls_in_process_and_through_server(served, re
     assert remote.trajectory.metadata["trainable"] and local.trajectory.metadata["trainable"]
     assert [e.ok for e in local.trajectory.tool_events] == [e.ok for e in remote.trajectory.tool_events]
     # in-process the engine also gives routes (router replay) for the whole segment; RL can batch it
-    from c2jax.trajectory import pad_batch
+    from c2jax.batching import pad_batch
 
     assert a.routes is not None and a.routes.shape[0] in (a.num_tokens - 1, a.num_tokens) and b.routes is None
     assert (a.policy_versions[a.loss_mask] == 0).all()

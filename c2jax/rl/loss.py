@@ -4,7 +4,7 @@
     loss, metrics = loss_fn(logp, batch, logp_ref=logp_ref)   # jit/grad-compatible
 
 `logp` [B, L] is the learner's log pi(targets[b, t] | context) for the batch from
-`c2jax.trajectory.pad_batch` (the model forward is the trainer's job); `logp_ref` [B, L] is the
+`c2jax.batching.pad_batch` (the model forward is the trainer's job); `logp_ref` [B, L] is the
 reference policy's, needed only when the KL coefficient is > 0; `old_logp` [B, L] is an optional
 proximal policy for ``ppo``/``cispo`` (defaults to the behaviour logprobs); `current_version`
 (the learner's weight version) adds staleness metrics from the per-token policy versions. The config is read

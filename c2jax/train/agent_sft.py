@@ -161,7 +161,7 @@ def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_d
     from c2jax.train.pretrain import model_apply_fn
     from c2jax.train.state import TrainState
     from c2jax.train.step import make_train_step
-    from c2jax.trajectory import pad_batch
+    from c2jax.batching import pad_batch
 
     S, B = int(c["seq_len"]), int(c["batch_size"])
     packed = pad_batch(trajs, S)
