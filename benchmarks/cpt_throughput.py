@@ -4,10 +4,12 @@
     python benchmarks/cpt_throughput.py                       # CPU presets: tiny and small
     python benchmarks/cpt_throughput.py --presets tiny --batch 16 --seq 128 --steps 10
 
-Model FLOPs per token = 6 x (active parameters, LM head included, embedding lookup excluded) +
-attention score/value FLOPs 6 x 2 x layers x heads x (qk_head + v_head) x S / 2 (causal), for the
-main model plus MTP modules; forward + backward. The peak is the best f32 GFLOP/s of a jitted
-square matmul (2048^3 by default) timed right before; MFU = achieved model FLOP/s / peak.
+Model FLOPs per token = `perf.train_step_flops(cfg, batch, seq, include_mtp=True, expert_rows=kept)`
+/ tokens (benchmarks/perf.py, the definition every benchmark shares: matmul FLOPs of forward +
+backward, the attention blocks c2jax executes, MTP modules included, and for a capacity MoE only
+the expert assignments it keeps, measured by one forward pass on the benchmark batch). The peak is
+`perf.matmul_peak_gflops` (best f32 GFLOP/s of a jitted square matmul, 2048^3 by default) timed
+right before; MFU = achieved model FLOP/s / peak.
 Prints one JSON line per preset and writes them to --out (default runs/benchmarks/cpt_throughput.json).
 """
 from __future__ import annotations
@@ -18,47 +20,23 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [p for p in (os.path.dirname(_HERE), _HERE) if p not in sys.path]
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-
-def matmul_peak(n: int = 2048, reps: int = 5) -> float:
-    """Best GFLOP/s of a jitted f32 n x n x n matmul."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-    f = jax.jit(lambda x, y: x @ y)
-    f(a, b).block_until_ready()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        f(a, b).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best / 1e9
+import perf  # noqa: E402
 
 
-def model_flops_per_token(cfg, seq_len: int) -> float:
-    from c2jax.model.config import count_active_params
-
-    a = cfg.attention
-    active = count_active_params(cfg, include_embedding=False)
-    per_layer_attn = 2 * cfg.num_heads * (a.qk_head_dim + a.v_head_dim) * seq_len / 2  # causal, fwd
-    layers = cfg.num_layers
-    mtp = 0.0
-    if cfg.mtp_depth:
-        D, e = cfg.hidden_size, cfg.moe
-        # eh_proj + one MoE block (attention + active experts) + shared LM head, per depth.
-        blk = (count_active_params(cfg.replace(num_layers=1, first_k_dense_replace=0, mtp_depth=0))
-               - cfg.vocab_size * D)  # one MoE layer + head
-        mtp = cfg.mtp_depth * (2 * D * D + blk)
-        layers += cfg.mtp_depth
-    return 6.0 * (active + mtp) + 3.0 * layers * per_layer_attn
+def model_flops_per_token(cfg, batch: int, seq_len: int, expert_rows=None) -> float:
+    """Training matmul FLOPs per token (perf.train_step_flops, MTP included)."""
+    return perf.train_step_flops(cfg, batch, seq_len, include_mtp=True, expert_rows=expert_rows) / (batch * seq_len)
 
 
 def bench(preset: str, batch: int, seq: int, steps: int, impl: str) -> dict:
-    from c2jax.model import init
+    from c2jax.model import apply, init
     from c2jax.model.config import preset as get_preset
     from c2jax.model.params_spec import logical_axes, trainable_mask
     from c2jax.train import optim
@@ -90,10 +68,12 @@ def bench(preset: str, batch: int, seq: int, steps: int, impl: str) -> dict:
         times.append(time.perf_counter() - t)
     step_s = float(np.median(times))
     tps = batch * seq / step_s
-    fpt = model_flops_per_token(cfg, seq)
+    dropped = float(jnp.mean(jax.jit(lambda p, t: apply(p, t, cfg)["dropped_fraction"])(
+        state.params, b["tokens"]))) if cfg.n_moe_layers else 0.0  # kept expert rows (capacity MoE)
+    fpt = model_flops_per_token(cfg, batch, seq, expert_rows=batch * seq * cfg.moe.top_k * (1.0 - dropped))
     return {"preset": preset, "moe_impl": impl, "batch": batch, "seq_len": seq, "compile_s": compile_s,
             "step_s_median": step_s, "step_s_min": float(np.min(times)), "tokens_per_s": tps,
-            "model_flops_per_token": fpt, "model_gflops_per_s": tps * fpt / 1e9}
+            "dropped_fraction": dropped, "model_flops_per_token": fpt, "model_gflops_per_s": tps * fpt / 1e9}
 
 
 def main() -> None:
@@ -110,7 +90,7 @@ def main() -> None:
     rows = []
     for p in args.presets.split(","):
         for impl in args.impls.split(","):
-            peak = matmul_peak(args.peak_n)  # measured right before each preset (shared machine)
+            peak = perf.matmul_peak_gflops(args.peak_n)  # measured right before each preset (shared machine)
             r = bench(p, args.batch, args.seq, args.steps, impl)
             r["matmul_peak_gflops"] = peak
             r["mfu"] = r["model_gflops_per_s"] / peak

@@ -6,9 +6,14 @@ baseline run in the same process, plus a correctness check of every timed kernel
 
 Quantiser bytes (kernels.md 5): read 4 B/elem (f32 input) + write codes (1 B FP8, 0.5 B FP4) +
 scale bytes (1 per 32 MX / 16 NVFP4, 4 per 128 fp8_blockwise). Grouped-matmul FLOPs:
-2 * K * N * sum(group_sizes) (unpadded). On a GPU the fraction of the datasheet peak is printed
-(H100/H200: 989 dense BF16, 1979 dense FP8 TFLOP/s, HBM 3.35 / 4.8 TB/s). On CPU the numbers are
-interpret-mode timings (a correctness harness, not a speed claim) next to the XLA reference.
+2 * K * N * sum(group_sizes) (unpadded). On a GPU the fraction of the datasheet dense peak of the
+tensor-core format each recipe's forward runs in is printed (`perf.datasheet_peak_tflops`):
+fp8_blockwise and mxfp8 against the FP8 peak (H100/H200 1979 TFLOP/s), bf16 against BF16 (989),
+f32 against TF32 (495), nvfp4_fwd_mxfp8_bwd against BF16 on Hopper (its forward dequantises to
+BF16) and FP4 on Blackwell; quantisers against HBM bandwidth (H100 3.35, H200 4.8 TB/s). Times
+are the median of --repeats (at least 5) calls after a warm-up, printed with min/max. On CPU the
+numbers are interpret-mode timings (a correctness harness, not a speed claim) next to the XLA
+reference.
 """
 from __future__ import annotations
 
@@ -17,42 +22,30 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [p for p in (os.path.dirname(_HERE), _HERE) if p not in sys.path]
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
-from kernels_pallas import api, bits
+import perf  # noqa: E402
+from kernels_pallas import api, bits  # noqa: E402
 
-PEAKS = {  # device_kind substring -> (bf16 TFLOP/s, fp8 TFLOP/s, HBM TB/s)
-    "H200": (989.4, 1978.9, 4.8), "H100": (989.4, 1978.9, 3.35),
-}
+REPEATS = perf.MIN_REPEATS
 Q_FORMATS = ["mxfp8_e4m3", "mxfp4", "nvfp4", "nvfp4_per_token", "fp8_blockwise"]
 W_BYTES = {"mxfp8_e4m3": 1 + 1 / 32, "mxfp4": 0.5 + 1 / 32, "nvfp4": 0.5 + 1 / 16,
            "nvfp4_per_token": 0.5 + 1 / 16, "fp8_blockwise": 1 + 4 / 128}
 
 
-def timeit(fn, *args, reps: int = 3) -> float:
-    """Median wall seconds of fn(*args) after one warm-up (compile) call."""
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+def timeit(fn, *args, reps: int = 0) -> perf.Stats:
+    """Wall seconds of fn(*args) after one warm-up (compile) call: median/min/max of `reps`
+    (default: --repeats) timed calls."""
+    return perf.time_repeats(lambda: jax.block_until_ready(fn(*args)), repeats=reps or REPEATS, warmup=1)
 
 
-def peak():
-    kind = jax.devices()[0].device_kind
-    for k, v in PEAKS.items():
-        if k in kind:
-            return kind, v
-    return kind, None
-
-
-def bench_quant(m: int, k: int, impl: str, hbm):
+def bench_quant(m: int, k: int, impl: str, kind: str):
+    hbm = perf.datasheet_hbm_tbs(kind)
     x = jax.random.normal(jax.random.key(0), (m, k), jnp.float32)
     print(f"\n## quantisers  x=({m}, {k}) f32   baseline = XLA reference (jit)")
     print(f"{'format':18s} {'ref ms':>9s} {impl + ' ms':>12s} {'GB/s':>8s} {'vs ref':>7s} {'%HBM':>6s} bit-exact")
@@ -61,13 +54,15 @@ def bench_quant(m: int, k: int, impl: str, hbm):
         fk = jax.jit(lambda a, f=fmt: api.quantize(a, f, impl=impl))
         same = all(np.array_equal(np.asarray(u), np.asarray(v))
                    for u, v in zip(jax.tree.leaves(fr(x)), jax.tree.leaves(fk(x))))
-        tr, tk = timeit(fr, x), timeit(fk, x)
+        sr, sk = timeit(fr, x), timeit(fk, x)
+        tr, tk = sr.median, sk.median
         gbs = m * k * (4 + W_BYTES[fmt]) / tk / 1e9
         pct = f"{100 * gbs / (hbm * 1e3):5.1f}" if hbm else "   -"
-        print(f"{fmt:18s} {tr * 1e3:9.2f} {tk * 1e3:12.2f} {gbs:8.3f} {tr / tk:7.2f} {pct:>6s} {same}")
+        print(f"{fmt:18s} {tr * 1e3:9.2f} {tk * 1e3:12.2f} {gbs:8.3f} {tr / tk:7.2f} {pct:>6s} {same}"
+              f"   [{impl} min {sk.min * 1e3:.2f}, max {sk.max * 1e3:.2f} ms]")
 
 
-def bench_gmm(m: int, k: int, n: int, g: int, impl: str, peaks):
+def bench_gmm(m: int, k: int, n: int, g: int, impl: str, kind: str):
     rng = np.random.default_rng(0)
     sizes = rng.multinomial(m - m // 8, np.ones(g) / g).astype(np.int32)  # ragged, 1/8 rows unused
     gs = jnp.asarray(sizes)
@@ -77,10 +72,14 @@ def bench_gmm(m: int, k: int, n: int, g: int, impl: str, peaks):
     flops = 2 * k * n * int(sizes.sum())
     print(f"\n## grouped matmul  M={m} K={k} N={n} G={g}  baseline = jax.lax.ragged_dot f32 (jit)")
     base = jax.jit(lambda a, w: jax.lax.ragged_dot(a, w, gs))
-    tb = timeit(base, a, w)
-    print(f"ragged_dot f32 fwd: {tb * 1e3:.2f} ms  {flops / tb / 1e12:.4f} TFLOP/s")
+    sb = timeit(base, a, w)
+    tb = sb.median
+    print(f"ragged_dot f32 fwd: {tb * 1e3:.2f} ms [min {sb.min * 1e3:.2f}, max {sb.max * 1e3:.2f}]  "
+          f"{flops / tb / 1e12:.4f} TFLOP/s")
     y32 = base(a, w)
-    print(f"{'precision':20s} {'fwd ms':>9s} {'TFLOP/s':>9s} {'vs base':>8s} {'%peak':>6s} "
+    print("(*%peak: of the dense datasheet peak of the MMA format the recipe's forward runs in: FP8 for "
+          "fp8_blockwise/mxfp8, BF16 for bf16, TF32 for f32, see perf.MMA_FORMAT; '-' off the datasheet)")
+    print(f"{'precision':20s} {'fwd ms':>9s} {'TFLOP/s':>9s} {'vs base':>8s} {'%peak*':>6s} "
           f"{'fwd+bwd ms':>11s} {'rel.err fwd':>11s} {'kernel=oracle':>13s}")
     for p in api.PRECISIONS:
         fk = jax.jit(lambda a, w, p=p: api.grouped_matmul(a, w, gs, precision=p, impl=impl))
@@ -95,10 +94,10 @@ def bench_gmm(m: int, k: int, n: int, g: int, impl: str, peaks):
         yo = fo(a, w)
         agree = float(jnp.max(jnp.abs(yk - yo)) / jnp.max(jnp.abs(yo)))
         rel = float(jnp.linalg.norm(yk - y32) / jnp.linalg.norm(y32))
-        t = timeit(fk, a, w)
-        tg = timeit(gk, a, w, reps=1)
+        t = timeit(fk, a, w).median
+        tg = timeit(gk, a, w).median
         tf = flops / t / 1e12
-        pk = None if peaks is None else (peaks[1] if p in ("fp8_blockwise",) else peaks[0])
+        pk = perf.datasheet_peak_tflops(kind, p)  # the peak of the MMA format this recipe runs in
         pct = f"{100 * tf / pk:5.1f}" if pk else "   -"
         print(f"{p:20s} {t * 1e3:9.2f} {tf:9.4f} {tb / t:8.2f} {pct:>6s} {tg * 1e3:11.1f} {rel:11.4f} "
               f"{agree:13.1e}")
@@ -119,18 +118,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--impl", default=None, help="interpret (CPU default) | pallas (GPU/TPU default)")
     ap.add_argument("--size", default=None, choices=["small", "large"])
+    ap.add_argument("--repeats", type=int, default=perf.MIN_REPEATS)
     args = ap.parse_args()
+    if args.repeats < perf.MIN_REPEATS:
+        ap.error(f"--repeats must be >= {perf.MIN_REPEATS}, got {args.repeats}")
+    global REPEATS
+    REPEATS = args.repeats
     on_cpu = jax.default_backend() == "cpu"
     impl = args.impl or ("interpret" if on_cpu else "pallas")
     size = args.size or ("small" if on_cpu else "large")
-    kind, peaks = peak()
-    print(f"device: {kind} ({jax.default_backend()}), impl={impl}, size={size}")
+    kind = jax.devices()[0].device_kind
+    print(f"device: {kind} ({jax.default_backend()}), impl={impl}, size={size}, median of {REPEATS}")
     if size == "small":
-        bench_quant(256, 1024, impl, None if peaks is None else peaks[2])
-        bench_gmm(512, 256, 256, 8, impl, peaks)
+        bench_quant(256, 1024, impl, kind)
+        bench_gmm(512, 256, 256, 8, impl, kind)
     else:
-        bench_quant(16384, 7168, impl, None if peaks is None else peaks[2])
-        bench_gmm(32768, 7168, 2048, 32, impl, peaks)
+        bench_quant(16384, 7168, impl, kind)
+        bench_gmm(32768, 7168, 2048, 32, impl, kind)
     division_ablation()
 
 

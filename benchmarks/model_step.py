@@ -1,143 +1,348 @@
-"""Forward+backward throughput of the `small` MoE model: c2jax (JAX) vs transformers DeepseekV3
-(PyTorch eager, float32), same config, same batch, one process.
+"""Forward+backward step of the `small` MoE model: c2jax (JAX) against transformers' DeepseekV3
+(PyTorch), measured fairly.
 
-    python benchmarks/model_step.py                    # batch 8 x 512, both MoE impls
-    python benchmarks/model_step.py --batch 2 --seq 128 --repeats 3
+    python benchmarks/model_step.py                          # batch 8 x 512, 5 repeats, all rows
+    python benchmarks/model_step.py --batch 2 --seq 256 --repeats 5 --rows jax-dropless,torch
+    python benchmarks/model_step.py --profile --modes none   # parity gate + where the JAX time goes
 
-What is timed: one jitted `value_and_grad` of the next-token cross-entropy (JAX) against
-`loss.backward()` of `DeepseekV3ForCausalLM(labels=...)` (PyTorch), same weights, same tokens;
-the optimizer update is excluded on both sides. JAX and PyTorch steps are interleaved and the
-median is reported so a noisy neighbour on the shared CPU hits both alike. The model is the
-`small` preset with mtp_depth=0 (transformers' forward has no MTP).
+Fairness, by construction:
+* Same weights, same tokens: the `small` preset (mtp_depth 0) is initialised once, written with
+  `c2jax.model.hf.io.save_pretrained` (float32) and read back by both sides: `hf_io.from_pretrained`
+  for JAX, `DeepseekV3ForCausalLM.from_pretrained` for PyTorch, with transformers' defaults
+  (SDPA attention, its default experts implementation; both printed).
+* Parity gate before any timing: the next-token cross-entropy and the gradient norm of every row
+  that computes the same thing must agree with PyTorch eager (loss to --loss-rtol, default 1e-6
+  relative; grad norm to 1e-4); the benchmark stops otherwise. Workers re-check their own loss.
+* Rows compute the same thing only where labelled so: `jax-dropless` and `torch` /
+  `torch-compile` are dropless MoE; `jax-capacity` drops tokens over a fixed capacity
+  (capacity_factor 1.25) and is labelled with its dropped fraction, never compared as "same".
+* PyTorch's OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``, set before torch is
+  imported; ``--omp-default`` keeps the busy-wait) so they do not spin against XLA's threads.
+* Two timing modes: ``alone`` runs every row in its own subprocess, one after another (nothing
+  else of ours in the process), and ``interleaved`` alternates the rows step by step in one
+  process (a noisy neighbour then hits all rows alike). Each reports the median of --repeats
+  (at least 5) timed steps after --warmup untimed ones, with min/max and IQR.
+* What is timed: one jitted `value_and_grad` of the mean next-token cross-entropy (JAX) against
+  `zero_grad(); model(input_ids, labels=input_ids).loss.backward()` (PyTorch); no optimizer update
+  on either side.
 
-MFU = model FLOPs per step / step time / matmul peak, with
-    model FLOPs = 6 x active parameters x tokens + attention FLOPs,
-    active parameters = count_active_params(cfg) (every weight a token touches: attention,
-        dense MLP, router, shared + top_k routed experts, LM head; the input embedding excluded),
-    attention FLOPs = 6 x layers x tokens x seq x heads x (qk_head_dim + v_head_dim)
-        (QK^T and PV, forward + backward, the full S x S square as computed),
-capacity padding excluded (dropped/padded expert rows do not count), and the matmul peak is the
-best of a few 2048^3 float32 `jnp.dot`s measured in this run.
+MFU = `perf.train_step_flops` / median step seconds / matmul peak (benchmarks/perf.py: matmul
+FLOPs only, the causal attention blocks c2jax executes counted, useful expert rows only; for the
+capacity row the kept assignments). The peak is the best f32 2048^3 `jnp.dot` measured in this
+run. Every row of one computation has the same numerator, so MFU ratios are speed ratios.
+
+``--profile`` traces the jax-dropless step with `jax.profiler` and prints the share of executed
+HLO time per kind of work and the top instructions (benchmarks/xla_profile.py), beside the FLOPs
+per model component. All figures are printed by this script; wall-clock figures from a shared
+(contended) machine must be re-measured on an idle one before they are quoted.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if "--omp-default" not in sys.argv:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # must precede the torch import
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [p for p in (os.path.dirname(_HERE), _HERE) if p not in sys.path]
+
 import numpy as np  # noqa: E402
 
-from c2jax.model.config import count_active_params, preset  # noqa: E402
-from c2jax.model.transformer import apply, init  # noqa: E402
+import perf  # noqa: E402
+
+ROWS = {  # name -> (side, description, computes the same as torch eager)
+    "jax-dropless": ("jax", "c2jax, dropless MoE (sort + tiled/ragged grouped matmul)", True),
+    "jax-capacity": ("jax", "c2jax, capacity MoE cf 1.25: DROPS TOKENS, not the same computation", False),
+    "torch": ("torch", "transformers eager (defaults: sdpa, default experts impl)", True),
+    "torch-compile": ("torch", "transformers + torch.compile (inductor)", True),
+}
+GRAD_RTOL = 1e-4
 
 
-def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    f = jax.jit(jnp.dot)
-    f(a, b).block_until_ready()
-    best = min(_timed(lambda: f(a, b).block_until_ready()) for _ in range(repeats))
-    return 2 * n ** 3 / best / 1e9
+# ---- steppers: one object per row, .step() -> loss, .grad_norm() after a step ----------------------
+
+class JaxStep:
+    def __init__(self, ckpt: str, impl: str, tokens: np.ndarray):
+        import jax
+        import jax.numpy as jnp
+
+        from c2jax.model.hf.io import from_pretrained
+        from c2jax.model.transformer import apply
+
+        params, cfg = from_pretrained(ckpt, load_mtp=False, **{"moe.impl": impl})
+        self.cfg = cfg
+        self.params = jax.tree.map(jnp.asarray, params)
+        self.tokens = jnp.asarray(tokens, jnp.int32)
+
+        def loss(p, tok):
+            out = apply(p, tok, cfg)
+            logits, tgt = out["logits"][:, :-1], tok[:, 1:]  # [B, S-1, V], [B, S-1]
+            nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0]
+            return jnp.mean(nll), jnp.mean(out["dropped_fraction"])
+        self.fn = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        self.grads = None
+        self.dropped = 0.0
+
+    def step(self) -> float:
+        import jax
+
+        (loss, dropped), self.grads = jax.block_until_ready(self.fn(self.params, self.tokens))
+        self.dropped = float(dropped)
+        return float(loss)
+
+    def grad_norm(self) -> float:
+        import jax
+
+        return float(np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64))) for g in jax.tree.leaves(self.grads))))
+
+    def info(self) -> dict:
+        return {"dropped_fraction": self.dropped}
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+class TorchStep:
+    def __init__(self, ckpt: str, tokens: np.ndarray, compile_model: bool):
+        import torch
+        import transformers
 
+        torch.set_num_threads(os.cpu_count() or 1)
+        self.model = transformers.DeepseekV3ForCausalLM.from_pretrained(ckpt, dtype=torch.float32).train()
+        self.run = torch.compile(self.model) if compile_model else self.model
+        self.ids = torch.as_tensor(np.asarray(tokens, np.int64))
 
-def model_flops(cfg, batch: int, seq: int) -> float:
-    a = cfg.attention
-    tokens = batch * seq
-    attn = 6 * cfg.num_layers * tokens * seq * cfg.num_heads * (a.qk_head_dim + a.v_head_dim)
-    return 6 * count_active_params(cfg) * tokens + attn
-
-
-def jax_step(cfg, params, tokens):
-    def loss(p):
-        logits = apply(p, tokens, cfg)["logits"][:, :-1]
-        tgt = tokens[:, 1:]
-        lse = jax.nn.logsumexp(logits, -1)
-        return jnp.mean(lse - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0])
-    f = jax.jit(jax.value_and_grad(loss))
-    return lambda: jax.block_until_ready(f(params))
-
-
-def torch_step(cfg, params_np, tokens_np):
-    import torch
-    import transformers
-
-    from c2jax.model.hf.config import hf_config_from_model_config
-    from c2jax.model.hf.keys import hf_state_dict_from_params
-
-    hf = {k: v for k, v in hf_config_from_model_config(cfg).items() if k != "architectures"}
-    config = transformers.DeepseekV3Config(**hf)
-    config._attn_implementation = "eager"
-    model = transformers.DeepseekV3ForCausalLM(config).float().train()
-    sd = hf_state_dict_from_params(params_np, cfg, layout="fused", mtp_shared_copies=False)
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in sd.items()},
-                                                strict=False)
-    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
-    ids = torch.from_numpy(np.asarray(tokens_np, np.int64))
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        out = model(input_ids=ids, labels=ids)
+    def step(self) -> float:
+        self.model.zero_grad(set_to_none=True)
+        out = self.run(input_ids=self.ids, labels=self.ids)
         out.loss.backward()
-        return float(out.loss)
-    return step, model
+        return float(out.loss.detach())
+
+    def grad_norm(self) -> float:
+        return float(np.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in self.model.parameters()
+                                 if p.grad is not None)))
+
+    def info(self) -> dict:
+        import torch
+
+        c = self.model.config
+        return {"attn_implementation": c._attn_implementation, "experts_implementation":
+                getattr(c, "_experts_implementation", None), "torch": torch.__version__,
+                "threads": torch.get_num_threads(), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "")}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def make_step(row: str, ckpt: str, tokens: np.ndarray):
+    if row == "jax-dropless":
+        return JaxStep(ckpt, "dropless", tokens)
+    if row == "jax-capacity":
+        return JaxStep(ckpt, "capacity", tokens)
+    return TorchStep(ckpt, tokens, compile_model=(row == "torch-compile"))
+
+
+# ---- setup, parity gate, timing modes -----------------------------------------------------------
+
+def write_inputs(d: str, batch: int, seq: int) -> None:
+    """The shared weights (HF directory) and tokens every row and worker reads."""
+    import jax
+
+    from c2jax.model import init, preset
+    from c2jax.model.hf.io import save_pretrained
+
+    cfg = preset("small").replace(mtp_depth=0, **{"moe.impl": "dropless"})
+    if seq > cfg.max_position_embeddings:
+        raise SystemExit(f"--seq {seq} exceeds max_position_embeddings {cfg.max_position_embeddings}")
+    params = jax.tree.map(np.asarray, init(cfg, jax.random.key(0)))
+    save_pretrained(params, cfg, os.path.join(d, "ckpt"), dtype="float32", layout="fused")
+    np.save(os.path.join(d, "tokens.npy"), np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq)))
+
+
+def check_parity(rows: list[str], steps: dict, loss_rtol: float) -> dict:
+    """Loss and grad norm of every row (`rows` includes 'torch') after one step; raises SystemExit
+    when a same-computation row disagrees with torch eager. Returns {row: (loss, grad_norm)}."""
+    got = {}
+    for r in rows:
+        loss = steps[r].step()
+        got[r] = (loss, steps[r].grad_norm())
+    ref_loss, ref_gn = got["torch"]
+    bad = []
+    for r, (loss, gn) in got.items():
+        dl, dg = abs(loss - ref_loss) / abs(ref_loss), abs(gn - ref_gn) / ref_gn
+        same = ROWS[r][2]
+        print(f"parity {r:14s} loss {loss:.7f} (rel diff {dl:.1e})  grad norm {gn:.6f} (rel diff {dg:.1e})"
+              f"{'' if same else '  [different computation: not gated]'}")
+        if same and (dl > loss_rtol or dg > GRAD_RTOL):
+            bad.append(r)
+    if bad:
+        raise SystemExit(f"parity gate FAILED for {bad}: losses/grads differ from torch eager beyond "
+                         f"loss rtol {loss_rtol:g} / grad rtol {GRAD_RTOL:g}; nothing was timed")
+    return got
+
+
+def run_worker(row: str, d: str, repeats: int, warmup: int) -> dict:
+    """Body of `--worker ROW`: this row alone in this process."""
+    tokens = np.load(os.path.join(d, "tokens.npy"))
+    t0 = time.perf_counter()
+    st = make_step(row, os.path.join(d, "ckpt"), tokens)
+    loss = st.step()  # compile / first step
+    first_s = time.perf_counter() - t0
+    stats = perf.time_repeats(st.step, repeats=repeats, warmup=max(0, warmup - 1))
+    return {"row": row, "loss": loss, "grad_norm": st.grad_norm(), "first_step_s": first_s,
+            "times": list(stats.samples), "info": st.info()}
+
+
+def time_alone(rows: list[str], d: str, args) -> dict:
+    """Each row in its own subprocess, one after another. {row: result dict or {'error': ...}}."""
+    out = {}
+    for r in rows:
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", r, "--dir", d, "--repeats", str(args.repeats),
+               "--warmup", str(args.warmup)] + (["--omp-default"] if args.omp_default else [])
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout)
+        res = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        if p.returncode or not res:
+            out[r] = {"error": (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"rc {p.returncode}"]}
+        else:
+            out[r] = json.loads(res[-1][len("RESULT "):])
+        print(f"  alone: {r} done", flush=True)
+    return out
+
+
+def time_interleaved(rows: list[str], steps: dict, repeats: int, warmup: int) -> dict:
+    for _ in range(warmup):
+        for r in rows:
+            steps[r].step()
+    times = {r: [] for r in rows}
+    for _ in range(repeats):
+        for r in rows:
+            t = time.perf_counter()
+            steps[r].step()
+            times[r].append(time.perf_counter() - t)
+    return {r: {"times": times[r], "info": steps[r].info()} for r in rows}
+
+
+def report(mode: str, results: dict, cfg, batch: int, seq: int, peak: float) -> None:
+    n_tok = batch * seq
+    ok = {r: v for r, v in results.items() if "times" in v}
+    base = perf.Stats(tuple(ok["torch"]["times"])).median if "torch" in ok else None
+    print(f"\n== {mode}: step seconds (median [min, max; IQR] of n), tokens/s, MFU, torch eager / row ==")
+    for r, v in results.items():
+        if "times" not in v:
+            print(f"{r:14s} FAILED: {v.get('error')}")
+            continue
+        st = perf.Stats(tuple(v["times"]))
+        dropped = v.get("info", {}).get("dropped_fraction", 0.0)
+        rows_kept = batch * seq * cfg.moe.top_k * (1.0 - dropped)
+        flops = perf.train_step_flops(cfg, batch, seq, expert_rows=rows_kept)
+        ratio = f"{base / st.median:5.2f}x" if base else "  -  "
+        label = "" if ROWS[r][2] else f"  [drops {dropped:.1%} of assignments: not the same computation]"
+        print(f"{r:14s} {st.spread()}  {n_tok / st.median:8.0f} tok/s  MFU {perf.mfu(flops, st.median, peak):6.1%}"
+              f"  {ratio}{label}")
+
+
+def print_profile(step: JaxStep, batch: int, seq: int) -> None:
+    from xla_profile import profile_jitted
+
+    f = perf.forward_flops(step.cfg, batch, seq)
+    print("\n== profile: jax-dropless fwd+bwd (jax.profiler trace, executed HLO thunks) ==")
+    print("model FLOPs per component (x3 for fwd+bwd): " + ", ".join(
+        f"{k} {v / f['total']:.1%}" for k, v in f.items() if k != "total" and v))
+    prof = profile_jitted(step.fn, (step.params, step.tokens), calls=3)
+    print(f"summed thunk time {prof['total_ms_per_call']:.1f} ms per call; by kind of work:")
+    for share, ms, kind in prof["by_kind"]:
+        print(f"  {kind:16s} {share:6.1%}  {ms:8.1f} ms")
+    print("top instructions:")
+    for share, ms, name, kind, shape, op in prof["top"][:15]:
+        print(f"  {share:6.1%} {ms:8.1f} ms  {name:22s} {kind:12s} {shape:28s} {op[-70:]}")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--impls", default="capacity,dropless")
-    ap.add_argument("--no-torch", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--repeats", type=int, default=perf.MIN_REPEATS)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--rows", default="jax-dropless,jax-capacity,torch,torch-compile",
+                    help=f"comma list of {list(ROWS)}")
+    ap.add_argument("--modes", default="alone,interleaved", help="comma list of alone, interleaved (or none)")
+    ap.add_argument("--profile", action="store_true", help="trace the jax-dropless step and print where time goes")
+    ap.add_argument("--loss-rtol", type=float, default=1e-6)
+    ap.add_argument("--omp-default", action="store_true", help="keep PyTorch's default (busy-wait) OpenMP policy")
+    ap.add_argument("--worker-timeout", type=float, default=1800.0)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--dir", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = [r for r in rows if r not in ROWS]
+    modes = [m for m in args.modes.split(",") if m and m != "none"]
+    if unknown:
+        ap.error(f"--rows: unknown {unknown}; choose from {list(ROWS)}")
+    if any(m not in ("alone", "interleaved") for m in modes):
+        ap.error(f"--modes must list alone and/or interleaved (or none), got {args.modes!r}")
+    if args.batch < 1 or args.seq < 2:
+        ap.error(f"--batch must be >= 1 and --seq >= 2, got {args.batch}, {args.seq}")
+    if args.repeats < perf.MIN_REPEATS:
+        ap.error(f"--repeats must be >= {perf.MIN_REPEATS} (a median needs a spread), got {args.repeats}")
+    if args.warmup < 1:
+        ap.error(f"--warmup must be >= 1 (the first step compiles), got {args.warmup}")
+    args.row_list, args.mode_list = rows, modes
+    return args
 
-    base = preset("small").replace(mtp_depth=0)
-    b, s = args.batch, args.seq
-    params = init(base, jax.random.key(0))
-    tokens = jax.random.randint(jax.random.key(1), (b, s), 0, base.vocab_size, jnp.int32)
-    n_tok = b * s
-    flops = model_flops(base, b, s)
-    peak = matmul_peak_gflops()
-    print(f"small preset (mtp off): {count_active_params(base):,} active params; batch {b}x{s}; "
-          f"model FLOPs/step {flops / 1e9:.1f} G; matmul peak {peak:.1f} GFLOP/s; "
-          f"jax {jax.__version__} devices {jax.devices()}")
 
-    steps = {}
-    for impl in args.impls.split(","):
-        cfg = base.replace(**{"moe.impl": impl})
-        fn = jax_step(cfg, params, tokens)
-        t = _timed(fn)
-        print(f"jax[{impl}] compile+first step {t:.1f} s")
-        steps[f"jax[{impl}]"] = fn
-    if not args.no_torch:
-        import torch
-        torch.set_num_threads(os.cpu_count() or 1)
-        pstep, _ = torch_step(base, jax.tree_util.tree_map(np.asarray, params), np.asarray(tokens))
-        pstep()  # warm-up
-        steps["torch"] = pstep
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows up when piped to a file
+    if args.worker:
+        print("RESULT " + json.dumps(run_worker(args.worker, args.dir, args.repeats, args.warmup)), flush=True)
+        return 0
+    import jax
 
-    times = {k: [] for k in steps}
-    for _ in range(args.repeats):  # interleaved
-        for k, fn in steps.items():
-            times[k].append(_timed(fn))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"{'impl':16s} {'step s':>8s} {'tok/s':>9s} {'MFU':>6s} {'vs torch':>9s}")
-    for k, t in med.items():
-        ratio = med["torch"] / t if "torch" in med else float("nan")
-        print(f"{k:16s} {t:8.3f} {n_tok / t:9.0f} {flops / t / 1e9 / peak:6.1%} {ratio:8.2f}x")
+    with tempfile.TemporaryDirectory(prefix="model_step_") as d:
+        write_inputs(d, args.batch, args.seq)
+        gate_rows = list(dict.fromkeys(["torch"] + [r for r in args.row_list if r != "torch-compile"]))
+        steps = {r: make_step(r, os.path.join(d, "ckpt"), np.load(os.path.join(d, "tokens.npy"))) for r in gate_rows}
+        cfg = next((s.cfg for s in steps.values() if isinstance(s, JaxStep)), None)
+        if cfg is None:
+            from c2jax.model.hf.io import from_pretrained
+            cfg = from_pretrained(os.path.join(d, "ckpt"), load_mtp=False)[1]
+        print(f"small preset (mtp off), batch {args.batch} x {args.seq}; jax {jax.__version__} on "
+              f"{jax.devices()[0].device_kind}; torch {steps['torch'].info()}")
+        ref_loss = check_parity(gate_rows, steps, args.loss_rtol)["torch"][0]
+        if args.profile and "jax-dropless" in steps:
+            print_profile(steps["jax-dropless"], args.batch, args.seq)
+        peak = perf.matmul_peak_gflops()
+        fl = perf.train_step_flops(cfg, args.batch, args.seq)
+        print(f"\nmatmul peak (best f32 2048^3 jnp.dot, this run): {peak:.1f} GFLOP/s; dropless step "
+              f"{fl / 1e9:.2f} GFLOP (perf.train_step_flops)")
+        if "interleaved" in args.mode_list:
+            inter_rows = [r for r in args.row_list if r in steps]
+            failed = {}
+            if "torch-compile" in args.row_list:
+                try:  # inductor needs a C++ toolchain; report the row as failed when it does not compile
+                    steps["torch-compile"] = make_step("torch-compile", os.path.join(d, "ckpt"),
+                                                       np.load(os.path.join(d, "tokens.npy")))
+                    loss = steps["torch-compile"].step()  # compiles
+                except Exception as e:  # noqa: BLE001 - any compile failure is reported, not fatal
+                    failed["torch-compile"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                else:
+                    if abs(loss - ref_loss) > args.loss_rtol * abs(ref_loss):
+                        raise SystemExit(f"parity gate FAILED for torch-compile: loss {loss} vs torch {ref_loss}")
+                    inter_rows.append("torch-compile")
+            res = {**time_interleaved(inter_rows, steps, args.repeats, args.warmup), **failed}
+            report("interleaved (one process)", res, cfg, args.batch, args.seq, peak)
+        steps.clear()
+        jax.clear_caches()
+        if "alone" in args.mode_list:
+            res = time_alone(args.row_list, d, args)
+            for r, v in res.items():  # each worker's own loss against the gate's torch eager loss
+                if "loss" in v and ROWS[r][2] and abs(v["loss"] - ref_loss) > args.loss_rtol * abs(ref_loss):
+                    v["error"] = f"parity: loss {v['loss']} disagrees with torch eager {ref_loss}"
+                    v.pop("times")
+            report("alone (one subprocess per row)", res, cfg, args.batch, args.seq, peak)
+    print("\n(wall-clock figures: re-measure on an idle machine before quoting)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

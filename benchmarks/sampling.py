@@ -1,30 +1,39 @@
 """Sampling engine throughput: c2jax `Engine` vs transformers `generate` on the identical model,
 and continuous vs static batching, in one process.
 
-    python benchmarks/sampling.py                      # small preset, batches 1/8/32, 16 + 256 tokens
-    python benchmarks/sampling.py --new-tokens 64 --batches 1,8 --repeats 1   # quicker
+    python benchmarks/sampling.py                      # small preset, batches 1/8/32, 16 + 256 tokens, 5 repeats
+    python benchmarks/sampling.py --new-tokens 64 --batches 1,8 --mixed-requests 16   # quicker
 
 1. Same weights on both sides: the `small` preset (mtp_depth 0, dropless MoE) is initialised in
    JAX, written with `c2jax.model.hf.io.save_pretrained` and loaded by
-   `transformers.DeepseekV3ForCausalLM.from_pretrained` (float32, eager, CPU). A greedy agreement
-   check on a few prompts is printed (both sides are f32 argmax of the same model).
-2. Decode tokens/s at batch 1, 8, 32: `batch` prompts of `--prompt-len` random tokens, exactly
-   `--new-tokens` greedy tokens each (`min_new_tokens` = `max_new_tokens`, no EOS), timed from the
-   call to the last token (prefill included on both sides); tokens/s = batch x new tokens / time.
-   The engine's steps are compiled by a warm-up call first (compile time reported separately).
-   JAX and PyTorch runs are interleaved and the best of `--repeats` is kept for each, so a noisy
-   neighbour on the shared CPU hits both alike.
-3. Continuous vs static batching: the same engine shape (8 slots) on a mixed-length workload
+   `transformers.DeepseekV3ForCausalLM.from_pretrained` (float32, transformers' default attention,
+   CPU).
+2. Decode tokens/s at batch 1, 8, 32: `batch` prompts of `--prompt-len` random tokens (fresh
+   prompts every repeat, the same prompts for both sides), exactly `--new-tokens` greedy tokens
+   each (`min_new_tokens` = `max_new_tokens`, no EOS), timed from the call to the last token
+   (prefill included on both sides); tokens/s = batch x new tokens / time. The engine's steps are
+   compiled by a warm-up call first (compile time reported separately); transformers gets one
+   warm-up call too. JAX and PyTorch runs are
+   interleaved, repeat by repeat, so a noisy neighbour on the shared CPU hits both alike; the
+   figure is the median of `--repeats` (at least 5) runs, printed with its min and max.
+3. Greedy agreement is measured on the timed runs' own outputs: for every prompt of every timed
+   repeat, the c2jax tokens are compared with transformers' tokens position by position (both
+   are f32 argmax of the same model, so they differ only after a near-tie flips one argmax and
+   the continuations diverge). Printed per batch: the fraction of identical tokens, the fraction
+   of prompts identical end to end, and the median index of the first difference.
+4. Continuous vs static batching: the same engine shape (8 slots) on a mixed-length workload
    (most requests short, a quarter long); static batching (`continuous=False`) admits a new
    batch only when every slot is free, continuous batching refills a slot as soon as it frees.
-4. Memory per cached token: the engine's latent MLA cache (c_kv + k_rope per layer) against the
+   Median of `--repeats` runs each, interleaved.
+5. Memory per cached token: the engine's latent MLA cache (c_kv + k_rope per layer) against the
    per-head K/V cache transformers keeps for the same model.
 
 PyTorch's OpenMP threads busy-wait between parallel regions by default; on a shared, oversubscribed
 CPU that costs transformers up to 10x (measured: 9-35 vs 170-300 tok/s at batch 8). The benchmark
 therefore sets ``OMP_WAIT_POLICY=PASSIVE`` (transformers' best showing here) unless
 ``--omp-default`` is given. CPU seconds per decode step are printed beside wall-clock figures
-because the wall clock on a shared machine depends on the neighbours.
+because the wall clock on a shared machine depends on the neighbours. Every figure above is
+printed by this script; re-measure wall-clock figures on an idle machine before quoting them.
 """
 from __future__ import annotations
 
@@ -37,13 +46,26 @@ import time
 if "--omp-default" not in sys.argv:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # must precede the torch import
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [p for p in (os.path.dirname(_HERE), _HERE) if p not in sys.path]
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from c2jax.model import init, preset  # noqa: E402
 from c2jax.sampling import Engine, EngineConfig, Request, SamplingParams  # noqa: E402
+import perf  # noqa: E402
+
+
+def greedy_agreement(ours: np.ndarray, theirs: np.ndarray) -> dict:
+    """Position-by-position comparison of two [prompts, new_tokens] greedy outputs: fraction of
+    identical tokens, fraction of prompts identical end to end, first differing index per prompt
+    (new_tokens when identical)."""
+    if ours.shape != theirs.shape:
+        raise ValueError(f"outputs differ in shape: {ours.shape} vs {theirs.shape}")
+    diff = ours != theirs
+    first = np.where(diff.any(1), diff.argmax(1), ours.shape[1])
+    return {"tokens": float((~diff).mean()), "prompts": float((~diff.any(1)).mean()), "first_diff": first.tolist()}
 
 
 def _hf_model(params, cfg, tmp):
@@ -96,12 +118,16 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=perf.MIN_REPEATS)
     ap.add_argument("--mixed-requests", type=int, default=32)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--omp-default", action="store_true", help="keep PyTorch's default OpenMP wait policy")
     args = ap.parse_args(argv)
+    if args.repeats < perf.MIN_REPEATS:
+        ap.error(f"--repeats must be >= {perf.MIN_REPEATS} (a median needs a spread), got {args.repeats}")
+    if min(args.prompt_len, args.new_tokens, args.mixed_requests, args.slots) < 1:
+        ap.error("--prompt-len, --new-tokens, --mixed-requests and --slots must be >= 1")
     import torch
 
     cfg = preset("small").replace(mtp_depth=0, **{"moe.impl": "dropless"})
@@ -113,38 +139,40 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         hf = None if args.skip_hf else _hf_model(params, cfg, tmp)
-        if hf is not None:  # same model on both sides: greedy agreement
-            pr = rng.integers(0, cfg.vocab_size, (4, args.prompt_len))
-            eng = Engine(params, cfg, EngineConfig(max_slots=4, max_len=max_len, prefix_reuse=False))
-            ours, _ = _ours_generate(eng, pr, 32)
-            theirs, _ = _hf_generate(hf, pr, 32)
-            first_diff = [int(np.argmax(o != t)) if (o != t).any() else 32 for o, t in zip(ours, theirs)]
-            print(f"greedy agreement with transformers (4 prompts x 32 tokens): "
-                  f"{(ours == theirs).mean():.3f}; tokens identical before the first difference: {first_diff}")
-
         print("\n== decode throughput (tokens/s, prefill included) ==")
-        rows = []
         for b in [int(x) for x in args.batches.split(",")]:
             eng = Engine(params, cfg, EngineConfig(max_slots=b, max_len=max_len, prefix_reuse=False))
             pr = rng.integers(0, cfg.vocab_size, (b, args.prompt_len))
             t0 = time.perf_counter()
             _ours_generate(eng, pr, args.new_tokens)  # compile
             compile_s = time.perf_counter() - t0
-            ours_t, hf_t = [], []
+            if hf is not None:
+                _hf_generate(hf, pr, args.new_tokens)  # warm-up on the PyTorch side too
+            ours_t, hf_t, agree = [], [], []
             for _ in range(args.repeats):
                 pr = rng.integers(0, cfg.vocab_size, (b, args.prompt_len))
-                ours_t.append(_ours_generate(eng, pr, args.new_tokens)[1])
+                o_tok, o_t = _ours_generate(eng, pr, args.new_tokens)
+                ours_t.append(o_t)
                 if hf is not None:
-                    hf_t.append(_hf_generate(hf, pr, args.new_tokens)[1])
+                    h_tok, h_t = _hf_generate(hf, pr, args.new_tokens)
+                    hf_t.append(h_t)
+                    agree.append(greedy_agreement(o_tok, h_tok))
             n = b * args.new_tokens
-            o = n / min(t[0] for t in ours_t)
-            h = n / min(t[0] for t in hf_t) if hf_t else float("nan")
-            oc = 1e3 * min(t[1] for t in ours_t) / args.new_tokens
-            hc = 1e3 * min(t[1] for t in hf_t) / args.new_tokens if hf_t else float("nan")
-            rows.append((b, o, h))
-            print(f"batch {b:3d}: c2jax {o:8.1f} tok/s   transformers {h:8.1f} tok/s   ratio {o / h:5.2f}x   "
-                  f"CPU ms/step {oc:6.1f} vs {hc:6.1f} ({hc / oc:4.2f}x)   (first call incl. compile {compile_s:.1f}s)",
-                  flush=True)
+            o = perf.Stats(tuple(n / t[0] for t in ours_t))
+            h = perf.Stats(tuple(n / t[0] for t in hf_t)) if hf_t else None
+            oc = 1e3 * float(np.median([t[1] for t in ours_t])) / args.new_tokens
+            hc = 1e3 * float(np.median([t[1] for t in hf_t])) / args.new_tokens if hf_t else float("nan")
+            ratio = f"{o.median / h.median:5.2f}x" if h else "  -  "
+            print(f"batch {b:3d}: c2jax {o.median:8.1f} tok/s [{o.min:.1f}, {o.max:.1f}]   transformers "
+                  f"{h.median if h else float('nan'):8.1f} tok/s [{h.min if h else float('nan'):.1f}, "
+                  f"{h.max if h else float('nan'):.1f}]   ratio of medians {ratio}   CPU ms/step {oc:6.1f} vs "
+                  f"{hc:6.1f}   (first call incl. compile {compile_s:.1f}s; median of {args.repeats})", flush=True)
+            if agree:
+                firsts = [f for a in agree for f in a["first_diff"]]
+                print(f"           greedy agreement on these timed outputs ({args.repeats} x {b} prompts x "
+                      f"{args.new_tokens} tokens): tokens {np.mean([a['tokens'] for a in agree]):.3f}, prompts "
+                      f"identical {np.mean([a['prompts'] for a in agree]):.3f}, median first difference at "
+                      f"{int(np.median(firsts))}", flush=True)
 
     print("\n== continuous vs static batching (mixed lengths) ==")
     n_req = args.mixed_requests
@@ -172,9 +200,9 @@ def main(argv=None) -> int:
             out[mode].append((toks / dt, toks / dc))
             print(f"{mode:10s}: {toks} tokens in {dt:6.1f}s = {toks / dt:7.1f} tok/s ({toks / dc:7.1f} per CPU s), "
                   f"{eng.stats['decode_steps']} decode steps", flush=True)
-    best = {m: (max(v[0] for v in out[m]), max(v[1] for v in out[m])) for m in out}
-    print(f"continuous / static: {best['continuous'][0] / best['static'][0]:.2f}x wall, "
-          f"{best['continuous'][1] / best['static'][1]:.2f}x per CPU second "
+    med = {m: (float(np.median([v[0] for v in out[m]])), float(np.median([v[1] for v in out[m]]))) for m in out}
+    print(f"continuous / static (medians of {args.repeats}): {med['continuous'][0] / med['static'][0]:.2f}x wall, "
+          f"{med['continuous'][1] / med['static'][1]:.2f}x per CPU second "
           f"({n_req} requests, {args.slots} slots, new tokens {new.min()}..{new.max()}, "
           f"{int(long.sum())} long)")
 

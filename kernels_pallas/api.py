@@ -4,9 +4,12 @@
   * 'xla'       — the plain-jnp reference (`*/reference.py`), any backend;
   * 'interpret' — the Pallas kernels in interpret mode (CPU; slow, for tests);
   * 'pallas'    — the Pallas kernels compiled for the default backend (GPU);
-  * 'auto'      — 'xla' on every backend for now: the compiled Pallas paths have not yet run on
-                  a GPU/TPU in this repository (kernels_pallas/README.md says what ran where), so
-                  'pallas' must be asked for explicitly. On CPU the reference gives the same bits.
+  * 'triton'    — the GPU-lowerable Pallas Triton kernels (`gmm/triton_gmm.py`,
+                  `quant/triton_quant.py`), compiled; 'triton_interpret' runs them on CPU;
+  * 'auto'      — 'triton' on a GPU for a kernel that `benchmarks/gpu_kit.py` validated on this
+                  device kind under this JAX version (`kernels_pallas.gpu_validation` record),
+                  else 'xla' (no record, a failed check, CPU/TPU). On CPU the reference gives the
+                  same bits.
 """
 from __future__ import annotations
 
@@ -16,22 +19,47 @@ from typing import Optional, Sequence
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas import gpu_validation
 from kernels_pallas.formats import FORMATS, get_format
 from kernels_pallas.gmm import ops as gmm_ops
-from kernels_pallas.quant import pallas_quant
+from kernels_pallas.quant import pallas_quant, triton_quant
 from kernels_pallas.quant import reference as qref
 from kernels_pallas.quant.qarray import QArray
 
-IMPLS = ("auto", "xla", "pallas", "interpret")
+IMPLS = ("auto", "xla", "pallas", "interpret", "triton", "triton_interpret")
 
 _ref_quantize = jax.jit(qref.quantize, static_argnames=("fmt", "axis", "scale_mode", "div", "tile",
                                                          "group_axis"))
 
 
-def resolve_impl(impl: str) -> str:
+def resolve_impl(impl: str, kernel: Optional[str] = None) -> str:
+    """The concrete impl for `impl`; 'auto' is 'triton' only when `kernel` (a
+    `gpu_validation.KERNELS` name) passed the GPU kit on this device kind, else 'xla'."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    return "xla" if impl == "auto" else impl
+    if impl != "auto":
+        return impl
+    if kernel is not None and jax.default_backend() == "gpu" and gpu_validation.validated(kernel):
+        return "triton"
+    return "xla"
+
+
+def _triton_quantize(x: jax.Array, fmt: str, ax: int, interpret: bool) -> QArray:
+    """`quantize` through `quant/triton_quant.py` (MXFP8 E4M3/E5M2, nvfp4_per_token)."""
+    xm = jnp.moveaxis(x, ax, -1)
+    lead, k = xm.shape[:-1], xm.shape[-1]
+    x2 = xm.reshape(-1, k)
+    gs = None
+    if fmt in triton_quant.MX_FORMATS:
+        d, s = triton_quant.mx_quantize_2d(x2, fmt, interpret=interpret)
+        t = (32,)
+    else:
+        d, s, sd = triton_quant.nvfp4_per_token_quantize_2d(x2, interpret=interpret)
+        gs = jnp.moveaxis(sd.reshape(*lead, 1), -1, ax)
+        t = (16,)
+    d = d.reshape(*lead, d.shape[-1])
+    s = s.reshape(*lead, s.shape[-1])
+    return QArray(jnp.moveaxis(d, -1, ax), jnp.moveaxis(s, -1, ax), gs, fmt, ax, tuple(x.shape), t)
 
 
 def quantize(x: jax.Array, fmt: str, axis: int = -1, impl: str = "auto", *,
@@ -45,7 +73,13 @@ def quantize(x: jax.Array, fmt: str, axis: int = -1, impl: str = "auto", *,
     All impls give identical bits.
     """
     get_format(fmt)
-    impl = resolve_impl(impl)
+    tri_ok = fmt in triton_quant.FORMATS and scale_mode == "rceil" and div == "exact"
+    impl = resolve_impl(impl, f"quant_{fmt}" if tri_ok else None)
+    if impl in ("triton", "triton_interpret"):
+        if not tri_ok:
+            raise ValueError(f"impl={impl!r} quantises {triton_quant.FORMATS} with scale_mode='rceil', "
+                             f"div='exact'; got fmt={fmt!r}, scale_mode={scale_mode!r}, div={div!r}")
+        return _triton_quantize(x, fmt, axis % x.ndim, impl == "triton_interpret")
     if impl == "xla":
         return _ref_quantize(x, fmt, axis, scale_mode=scale_mode, div=div,
                              tile=None if tile is None else tuple(tile), group_axis=group_axis)
@@ -112,9 +146,12 @@ def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, pr
     Differentiable in lhs and rhs through `jax.custom_vjp` with the per-precision recipe of
     `kernels_pallas.gmm.ops` (precision in 'f32' | 'bf16' | 'fp8_blockwise' | 'mxfp8' |
     'nvfp4_fwd_mxfp8_bwd'). impl 'xla': the quantisers then ragged_dot on dequantised operands
-    (the oracle; the CPU path); 'interpret' / 'pallas': the Pallas grouped-matmul kernels.
+    (the oracle; the CPU path); 'interpret' / 'pallas': the Pallas grouped-matmul kernels;
+    'triton' / 'triton_interpret': the GPU-lowerable Triton kernels; 'auto': 'triton' once the GPU
+    kit validated `gmm_<precision>` on this device kind, else 'xla'.
     """
-    return gmm_ops.grouped_matmul(lhs, rhs, group_sizes, precision=precision, impl=resolve_impl(impl))
+    return gmm_ops.grouped_matmul(lhs, rhs, group_sizes, precision=precision,
+                                  impl=resolve_impl(impl, f"gmm_{precision}"))
 
 
 def moe_expert_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, precision: str = "f32",

@@ -1,10 +1,8 @@
 """The OpenAI-compatible server with the official `openai` client (base_url explicit, OPENAI_* cleared),
 and a greedy episode that makes the same tool calls in-process and through the server.
 
-Model: the tiny preset (random init) with a small tokenizer trained in the test. So that greedy
-decoding makes real tool calls, the model is turned into a bigram machine: every layer's output
-projections are zeroed (the residual stream is the token embedding), the embeddings of a chain of
-tokens are orthogonal basis vectors and the LM head maps each to its successor; from the assistant
+Model: the tiny preset (random init) with a small tokenizer trained in the test, made a bigram
+machine (tests/_serve_fixtures.py) so that greedy decoding makes real tool calls: from the assistant
 header it emits ``Let me check<|tool_calls_section_begin|> ... functions.read_lints:0 ... {} ... <|im_end|>``.
 """
 from __future__ import annotations
@@ -18,43 +16,12 @@ import numpy as np
 import pytest
 
 from _agent_fixtures import agent_tokenizer, needs_bwrap, repo_env  # noqa: F401
+from _serve_fixtures import CONTENT, bigram_params, chain_ids
 from c2jax.agent.harness import Harness, HarnessConfig
 from c2jax.agent.tools import ToolConfig
 
 TOOLS = ToolConfig(enabled=("read_lints", "run_terminal_cmd"))
-CONTENT = "Let me check"  # text before the call: exercises streamed content deltas
 HCFG = HarnessConfig(system_prompt="You are a coding agent.", tools=TOOLS, max_turns=3, max_new_tokens=48)
-
-
-def chain_ids(fmt) -> list[int]:
-    tok = fmt.tok
-    return [*tok.encode(CONTENT), fmt.calls_begin, fmt.call_begin, *tok.encode("functions.read_lints:0"), fmt.call_arg,
-            *tok.encode("{}"), fmt.call_end, fmt.calls_end, fmt.im_end]
-
-
-def bigram_params(cfg, fmt, seed: int = 0):
-    import jax
-
-    from c2jax.model import init
-
-    p = jax.tree.map(np.asarray, init(cfg, jax.random.key(seed)))
-    p = jax.tree.map(np.array, p)  # writable copies
-    for grp in ("dense_layers", "moe_layers"):
-        p[grp]["attn"]["o_proj"]["kernel"][:] = 0
-    p["dense_layers"]["mlp"]["down_proj"]["kernel"][:] = 0
-    p["moe_layers"]["moe"]["experts"]["down_proj"][:] = 0
-    p["moe_layers"]["moe"]["shared"]["down_proj"]["kernel"][:] = 0
-    out = chain_ids(fmt)
-    prev = [fmt.im_middle] + out[:-1]
-    assert len(set(prev)) == len(prev), "chain tokens must be distinct for a bigram machine"
-    D = cfg.hidden_size
-    emb, head = p["embed"]["embedding"], p["lm_head"]["kernel"]
-    head[:] = 0
-    for i, (a, b) in enumerate(zip(prev, out)):
-        emb[a] = 0
-        emb[a, i] = 1.0
-        head[i, b] = 50.0 / np.sqrt(D)  # rms-normed one-hot has norm sqrt(D): logit 50
-    return p
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +76,8 @@ def test_models_and_tool_call_round_trip(served, client):
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls"
     (tc,) = ch.message.tool_calls
-    assert (tc.id, tc.function.name, json.loads(tc.function.arguments)) == ("functions.read_lints:0", "read_lints", {})
+    assert (tc.function.name, json.loads(tc.function.arguments)) == ("read_lints", {})
+    assert tc.id.startswith("call_")  # unique per call; the header functions.read_lints:0 is rendered back
     assert ch.message.content == CONTENT
     ids = ch.model_extra["token_ids"]
     assert ids == chain_ids(fmt) and r.usage.completion_tokens == len(ids)
@@ -120,7 +88,10 @@ def test_models_and_tool_call_round_trip(served, client):
     msgs2 = msgs + [ch.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id,
                                                                 "content": "No lint errors."}]
     r2 = client.chat.completions.create(model="c2jax-tiny", messages=msgs2, tools=tools, temperature=0, max_tokens=40)
-    want = fmt.render(msgs2, tools, add_generation_prompt=True).ids.tolist()
+    as_model = msgs + [{"role": "assistant", "content": CONTENT, "tool_calls": [
+        {"id": "functions.read_lints:0", "type": "function", "function": {"name": "read_lints", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "functions.read_lints:0", "content": "No lint errors."}]
+    want = fmt.render(as_model, tools, add_generation_prompt=True).ids.tolist()  # the call_ id maps to the header
     assert r2.choices[0].model_extra["prompt_token_ids"] == want
     assert r2.choices[0].message.tool_calls[0].function.name == "read_lints"
 
@@ -149,8 +120,10 @@ def test_streaming_matches_non_streaming(served, client):
             n_lp += len(ch.logprobs.content) if ch.logprobs and ch.logprobs.content else 0
     m = full.choices[0].message
     assert finish == "tool_calls" and content == m.content == CONTENT and pieces >= 2  # streamed token by token
-    assert [(v["id"], v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
-        (t.id, t.function.name, t.function.arguments) for t in m.tool_calls]
+    assert [(v["name"], v["arguments"]) for _, v in sorted(calls.items())] == [
+        (t.function.name, t.function.arguments) for t in m.tool_calls]
+    streamed_ids = [v["id"] for _, v in sorted(calls.items())]
+    assert all(i.startswith("call_") for i in streamed_ids) and not set(streamed_ids) & {t.id for t in m.tool_calls}
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == n_lp
 
 

@@ -199,12 +199,17 @@ def plot(summary: dict[str, Any], per_task: list[dict[str, Any]], path: str, tit
 
 
 def write_predictions(per_task: list[dict[str, Any]], path: str, model: str) -> str:
-    """SWE-bench predictions.jsonl: instance_id, model_name_or_path, model_patch (first sample)."""
+    """SWE-bench predictions.jsonl: instance_id, model_name_or_path, model_patch (first sample).
+
+    Tasks converted from SWE-bench get their official instance id back (the adapter escapes ids
+    with characters a task id cannot hold), so the official harness finds them."""
+    from c2jax.bench.adapters.swebench import swebench_instance_id
+
     with open(path, "w") as f:
         for r in per_task:
             diff = r["samples"][0]["diff"] if r["samples"] else ""
-            f.write(json.dumps({"instance_id": r["instance_id"], "model_name_or_path": model,
-                                "model_patch": diff}) + "\n")
+            iid = swebench_instance_id(r["instance_id"]) if r.get("category") == "swebench" else r["instance_id"]
+            f.write(json.dumps({"instance_id": iid, "model_name_or_path": model, "model_patch": diff}) + "\n")
     return path
 
 

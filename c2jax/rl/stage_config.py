@@ -43,9 +43,13 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=256, seed=0),
     # Held-out evaluation before and after RL (same command both times).
     eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32),
+    # Asynchronous services (c2jax.train.async_rl): off = the synchronous step loop.
+    services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
+                  eval_every=0, health_check_s=5.0),
 )
 
 REFERENCES = ("init", "none")
+SERVICE_BACKENDS = ("local", "ray")
 
 
 def stage_defaults() -> dict[str, Any]:
@@ -159,6 +163,19 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     for k in ("k", "n_tasks", "max_in_flight"):
         _int(check, f"eval.{k}", ev.get(k), 1)
     _float(check, "eval.temperature", ev.get("temperature"), 0.0)
+    sv = dict(c["services"])
+    _sub(check, "services", sv, d["services"])
+    for k in ("enabled", "inflight_updates"):
+        if not isinstance(sv.get(k), bool):
+            check.error(f"services.{k}", f"must be a bool, got {sv.get(k)!r}")
+    if sv.get("backend") not in SERVICE_BACKENDS:
+        check.error("services.backend", f"must be one of {list(SERVICE_BACKENDS)}, got {sv.get('backend')!r}")
+    addr = sv.get("ray_address")
+    if addr is not None and not (isinstance(addr, str) and addr):
+        check.error("services.ray_address", f"must be None (start a local cluster) or 'host:port', got {addr!r}")
+    _int(check, "services.max_retries", sv.get("max_retries"), 0)
+    _int(check, "services.eval_every", sv.get("eval_every"), 0)
+    _float(check, "services.health_check_s", sv.get("health_check_s"), 0.0, lo_open=True)
     # Cross-key checks (only when the pieces are individually fine).
     if isinstance(c["steps"], int) and isinstance(c["tasks_per_step"], int) and isinstance(tasks.get("n_train"), int):
         need = c["steps"] * c["tasks_per_step"]

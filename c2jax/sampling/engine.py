@@ -35,6 +35,8 @@ bookkeeping only):
   ``'dropless'`` otherwise; the capacity implementation is never used (it drops tokens).
 * ``spec_decode=True``: greedy rows decode speculatively with the model's MTP head (spec.py);
   output unchanged, acceptance rate in `spec_acceptance_rate`.
+* `cancel(request_id)`: a queued or running request stops at the next step (``finish_reason=
+  'cancelled'``) and frees its row, e.g. when the server's client disconnects.
 * Sequences are limited to ``max_len`` tokens in total: a sequence that reaches it ends with
   ``finish_reason='length'``.
 """
@@ -173,6 +175,7 @@ class Engine:
         self._seed_rng = np.random.default_rng(config.seed)
         self._lock = threading.RLock()
         self._pending: Optional[tuple[dict, int]] = None
+        self._cancelled: collections.deque[_Seq] = collections.deque()  # cancelled while queued
         self._wake = threading.Condition(self._lock)
         self._thread: Optional[threading.Thread] = None
         self._running = False
@@ -216,7 +219,31 @@ class Engine:
         return self.stats["spec_accepted"] / p if p else float("nan")
 
     def has_work(self) -> bool:
-        return bool(self.queue) or any(s is not None for s in self.row_seq)
+        return bool(self.queue) or bool(self._cancelled) or any(s is not None for s in self.row_seq)
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop request `request_id` (thread-safe), e.g. because its client went away.
+
+        A queued request leaves the queue; a running one stops sampling and its row is freed at the
+        next step (its last token is still fed, so the row keeps the whole sequence for prefix
+        reuse). Either way it finishes at the next `step()` with ``finish_reason='cancelled'`` and
+        the tokens generated so far. Returns False if no queued or running request has that id."""
+        with self._lock:
+            for seq in self.queue:
+                if seq.req.id == request_id:
+                    self.queue.remove(seq)
+                    seq.finish_reason = "cancelled"
+                    self._cancelled.append(seq)
+                    self.stats["cancelled"] += 1
+                    self._wake.notify_all()
+                    return True
+            for seq in self.row_seq:
+                if seq is not None and seq.req.id == request_id and seq.finish_reason is None:
+                    seq.finish_reason, seq.draining = "cancelled", True
+                    self.stats["cancelled"] += 1
+                    self._wake.notify_all()
+                    return True
+        return False
 
     def update_weights(self, params: dict, version: int) -> None:
         """Swap in new weights between two decode steps (thread-safe; nothing in flight is dropped).
@@ -240,6 +267,8 @@ class Engine:
                 params, version = self._pending
                 self._pending = None
                 self._apply_update(params, version)
+            while self._cancelled:  # cancelled before admission: finish without a row
+                self._finish_unstarted(self._cancelled.popleft(), events)
             self._admit(events)
             if any(s is not None for s in self.row_seq):
                 if self._spec is not None:
@@ -496,6 +525,20 @@ class Engine:
         self.row_seq[s] = None
         self._tick += 1
         self.row_last_used[s] = self._tick
+        self.stats["finished"] += 1
+        events.append(self._event(seq, result=seq.result))
+        if seq.future is not None:
+            seq.future.set_result(seq.result)
+
+    def _finish_unstarted(self, seq: _Seq, events: list) -> None:
+        """Result of a request that never got a row (cancelled while queued): its prompt, no tokens."""
+        P = len(seq.prompt)
+        seq.result = Result(
+            id=seq.req.id, prompt_len=P, tokens=seq.prompt.copy(), routes=np.zeros((P, *self.row_routes.shape[2:]),
+                                                                                    np.int32),
+            versions=np.full((P,), self.version, np.int64), route_versions=np.full((P,), self.version, np.int64),
+            logprobs=np.zeros((0,), np.float32), raw_logprobs=np.zeros((0,), np.float32),
+            text="" if self._byte_table is not None else None, finish_reason=seq.finish_reason, seed=seq.seed)
         self.stats["finished"] += 1
         events.append(self._event(seq, result=seq.result))
         if seq.future is not None:

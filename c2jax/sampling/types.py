@@ -61,7 +61,7 @@ class Result:
     logprobs: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
     raw_logprobs: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.float32))
     text: Optional[str] = None  # decoded output bytes (cut at a stop string), if a tokenizer is set
-    finish_reason: Optional[str] = None  # 'length' | 'stop_token' | 'stop_string' | 'error'
+    finish_reason: Optional[str] = None  # 'length' | 'stop_token' | 'stop_string' | 'error' | 'cancelled'
     stop: Optional[object] = None  # the stop token id or stop string that ended the sequence
     seed: Optional[int] = None
     reused_prefix_len: int = 0  # prompt tokens whose KV came from the prefix cache

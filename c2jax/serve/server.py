@@ -6,102 +6,59 @@ connection) over the sampling engine (one scheduler thread: continuous batching 
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
 
 Prompts are rendered with THE chat template (`c2jax.data.chat_format`, via `agent.chat.render_openai`);
-tool calls are parsed from the Kimi-K2 special tokens. Extensions beyond the OpenAI shape, for
-token-exact clients (the agent's `OpenAIPolicy`): each choice carries ``token_ids`` (the generated
-ids), ``prompt_token_ids`` and ``versions``; an assistant message sent back with ``token_ids`` is
-rendered from those ids verbatim. Bad requests get JSON errors
-``{"error": {"message", "type", "param", "code"}}`` with a 4xx status.
+tool calls are parsed from the Kimi-K2 special tokens. Behaviour clients rely on:
+* Tool-call ids are ``call_<24 hex>``, unique per call; ids sent back are mapped to the model's
+  ``functions.NAME:IDX`` headers before rendering (call_ids.py).
+* The ``developer`` role is rendered as ``system``.
+* Context: an explicit ``max_tokens`` / ``max_completion_tokens`` that does not fit with the prompt
+  is HTTP 400 ``context_length_exceeded`` in OpenAI's wording ("This model's maximum context length
+  is N tokens. However, you requested M tokens ..."); without it the completion gets
+  ``min(default_max_tokens, max_len - prompt)`` tokens (protocol.py).
+* A client that disconnects (non-streaming or streaming) has its request cancelled in the engine:
+  its slot is free for the others at the next step.
+* Errors are JSON ``{"error": {"message", "type", "param", "code"}}``: 4xx for bad requests (invalid
+  or too deeply nested JSON included), 404 for unknown paths, 405 (with ``Allow``) for a wrong method.
+
+Extensions beyond the OpenAI shape, for token-exact clients (the agent's `OpenAIPolicy`): each choice
+carries ``token_ids`` (the generated ids), ``prompt_token_ids`` and ``versions``; an assistant
+message sent back with ``token_ids`` is rendered from those ids verbatim.
 """
 from __future__ import annotations
 
 import json
 import queue
+import select
+import socket
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from c2jax.agent.chat import render_openai
 from c2jax.data.chat_format import ChatFormat
 from c2jax.sampling import Request, SamplingParams
+from c2jax.serve.call_ids import CallIds, to_model_messages
+from c2jax.serve.protocol import MAX_BODY, APIError, completion_budget, decode_body, number
+from c2jax.serve.scheduler import Scheduler
 
-MAX_BODY = 16 << 20
+CHAT_PATH = "/v1/chat/completions"
+POLL_S = 0.1  # how often a waiting connection thread checks whether its client is still there
 
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+Disconnected = Callable[[], bool]
 
 
-class _Scheduler:
-    """Drives `engine.step()` in one thread and routes each request's stream events to its queue."""
-
-    def __init__(self, engine: Any) -> None:
-        if getattr(engine, "_thread", None) is not None:
-            engine.shutdown()  # one driver only: the engine's own loop would consume our events
-        self.engine = engine
-        self.cond = threading.Condition()
-        self.queues: dict[str, queue.Queue] = {}
-        self.running = True
-        self.thread = threading.Thread(target=self._loop, name="c2jax-serve-scheduler", daemon=True)
-        self.thread.start()
-
-    def submit(self, req: Request) -> queue.Queue:
-        q: queue.Queue = queue.Queue()
-        with self.cond:
-            self.queues[req.id] = q
-            seq = self.engine.add_request(req)
-            if seq.result is not None:  # rejected at once
-                self.queues.pop(req.id, None)
-                q.put(("done", seq.result))
-            self.cond.notify_all()
-        return q
-
-    def _loop(self) -> None:
-        while True:
-            with self.cond:
-                while self.running and not self.engine.has_work():
-                    self.cond.wait(0.5)
-                if not self.running:
-                    return
-            try:
-                events = self.engine.step()
-            except Exception as e:  # noqa: BLE001 - fail every waiting request, keep serving
-                with self.cond:
-                    qs, self.queues = list(self.queues.values()), {}
-                for q in qs:
-                    q.put(("error", f"{type(e).__name__}: {e}"))
-                continue
-            for ev in events:
-                with self.cond:
-                    q = self.queues.get(ev.request_id)
-                    if ev.result is not None:
-                        self.queues.pop(ev.request_id, None)
-                if q is not None:
-                    q.put(("done", ev.result) if ev.result is not None else ("token", ev))
-
-    def stop(self) -> None:
-        with self.cond:
-            self.running = False
-            self.cond.notify_all()
-        self.thread.join(timeout=10)
-
-
-def _num(body: dict, key: str, lo: float, hi: float, default: Any, integer: bool = False) -> Any:
-    v = body.get(key)
-    if v is None:
-        return default
-    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok or not (lo <= v <= hi):
-        kind = "an integer" if integer else "a number"
-        raise APIError(400, f"'{key}' must be {kind} in [{lo}, {hi}], got {v!r}", key, "invalid_value")
-    return v
+def peer_closed(sock: socket.socket) -> bool:
+    """True when the client closed its end (readable with nothing to read) or the socket broke."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except (OSError, ValueError):
+        return True
 
 
 class ChatServer:
@@ -110,7 +67,8 @@ class ChatServer:
     def __init__(self, engine: Any, fmt: ChatFormat, model_name: str = "c2jax", default_max_tokens: int = 256) -> None:
         self.engine, self.fmt, self.model_name = engine, fmt, model_name
         self.default_max_tokens = default_max_tokens
-        self.sched = _Scheduler(engine)
+        self.sched = Scheduler(engine)
+        self.call_ids = CallIds()
         self.httpd: ThreadingHTTPServer | None = None
         self.created = int(time.time())
 
@@ -139,14 +97,14 @@ class ChatServer:
             raise APIError(400, "only tool_choice 'auto' and 'none' are supported", "tool_choice", "unsupported_value")
         if choice == "none":
             tools = None
-        n = _num(body, "n", 1, 1, 1, integer=True)
-        temperature = _num(body, "temperature", 0.0, 2.0, 1.0)
-        top_p = _num(body, "top_p", 1e-9, 1.0, 1.0)
+        n = number(body, "n", 1, 1, 1, integer=True)
+        temperature = number(body, "temperature", 0.0, 2.0, 1.0)
+        top_p = number(body, "top_p", 1e-9, 1.0, 1.0)
         limit = self.engine.config.max_len
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_tokens = _num({"max_tokens": max_tokens}, "max_tokens", 1, 1 << 30, self.default_max_tokens, integer=True)
-        seed = _num(body, "seed", 0, 2**32 - 1, None, integer=True)
-        top_logprobs = _num(body, "top_logprobs", 0, 0, 0, integer=True)
+        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        max_tokens = number(body, key, 1, 1 << 30, None, integer=True)
+        seed = number(body, "seed", 0, 2**32 - 1, None, integer=True)
+        top_logprobs = number(body, "top_logprobs", 0, 0, 0, integer=True)
         logprobs = body.get("logprobs", False)
         if not isinstance(logprobs, bool) and logprobs is not None:
             raise APIError(400, "'logprobs' must be a boolean", "logprobs", "invalid_value")
@@ -160,16 +118,14 @@ class ChatServer:
             if not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
                 raise APIError(400, "'stop' must be a non-empty string or up to 4 of them", "stop", "invalid_value")
         try:
-            prompt = render_openai(self.fmt, msgs, tools)
+            prompt = render_openai(self.fmt, to_model_messages(msgs, self.fmt, self.call_ids), tools)
         except ValueError as e:
             raise APIError(400, f"invalid messages: {e}", "messages", "invalid_value") from None
-        if len(prompt) >= limit:
-            raise APIError(400, f"the prompt has {len(prompt)} tokens; this model's context holds {limit} "
-                                f"(prompt + at least one new token)", "messages", "context_length_exceeded")
+        new_tokens = completion_budget(limit, len(prompt), max_tokens, self.default_max_tokens)
         if any(t >= self.engine.model_cfg.vocab_size for t in prompt):
             raise APIError(400, "messages contain token_ids outside the vocabulary", "messages", "invalid_value")
         params = SamplingParams(temperature=float(temperature), top_p=float(top_p),
-                                max_new_tokens=int(min(max_tokens, limit - len(prompt))), seed=seed,
+                                max_new_tokens=int(new_tokens), seed=seed,
                                 stop_token_ids=tuple(self.fmt.stop_ids), stop_strings=stops)
         opts = {"stream": bool(stream), "logprobs": bool(logprobs), "n": n, "top_logprobs": top_logprobs,
                 "include_usage": bool((body.get("stream_options") or {}).get("include_usage")) if isinstance(
@@ -185,8 +141,8 @@ class ChatServer:
         parsed = self.fmt.parse_assistant(out)
         msg: dict[str, Any] = {"role": "assistant", "content": parsed.content if (parsed.content or not parsed.tool_calls)
                                else None}
-        if parsed.tool_calls:
-            msg["tool_calls"] = [c.to_openai() for c in parsed.tool_calls]
+        if parsed.tool_calls:  # a fresh id per call; the header it stands for is remembered (call_ids.py)
+            msg["tool_calls"] = [{**c.to_openai(), "id": self.call_ids.issue(c.id)} for c in parsed.tool_calls]
         if parsed.reasoning is not None:
             msg["reasoning_content"] = parsed.reasoning
         return msg, parsed
@@ -197,14 +153,31 @@ class ChatServer:
             return "tool_calls"
         return "length" if result.finish_reason == "length" else "stop"
 
-    def complete(self, req: Request, opts: dict) -> dict:
-        q = self.sched.submit(req)
+    def _next(self, q: queue.Queue, req: Request, disconnected: Disconnected | None) -> tuple[str, Any] | None:
+        """The request's next event; None (and the request cancelled) once its client has gone."""
         while True:
-            kind, item = q.get()
-            if kind == "done":
-                return self._response(req, item, opts)
+            try:
+                kind, item = q.get(timeout=POLL_S)
+            except queue.Empty:
+                kind, item = "", None
+            if disconnected is not None and disconnected():  # checked while tokens flow too
+                self.sched.cancel(req.id)
+                return None
+            if not kind:
+                continue
             if kind == "error":
                 raise APIError(500, f"generation failed: {item}", type_="server_error")
+            return kind, item
+
+    def complete(self, req: Request, opts: dict, disconnected: Disconnected | None = None) -> dict | None:
+        """The chat.completion response; None if the client disconnected first (request cancelled)."""
+        q = self.sched.submit(req)
+        while True:
+            got = self._next(q, req, disconnected)
+            if got is None:
+                return None
+            if got[0] == "done":
+                return self._response(req, got[1], opts)
 
     def _result_or_error(self, result: Any) -> None:
         if result.error is not None:
@@ -223,8 +196,11 @@ class ChatServer:
                 "choices": [choice], "usage": {"prompt_tokens": len(req.prompt), "completion_tokens": len(out),
                                                "total_tokens": len(req.prompt) + len(out)}}
 
-    def stream(self, req: Request, opts: dict):
-        """Yield SSE chunk dicts; content deltas as tokens arrive, tool calls once complete."""
+    def stream(self, req: Request, opts: dict, disconnected: Disconnected | None = None) -> Iterator[dict]:
+        """Yield SSE chunk dicts; content deltas as tokens arrive, tool calls once complete.
+
+        Stops (and cancels the request) when `disconnected()` says so or when the caller closes the
+        generator early (a failed write)."""
         base = {"id": req.id, "object": "chat.completion.chunk", "created": int(time.time()), "model": self.model_name}
 
         def chunk(delta: dict, finish: str | None = None, **extra: Any) -> dict:
@@ -233,14 +209,25 @@ class ChatServer:
 
         yield chunk({"role": "assistant", "content": ""})
         q = self.sched.submit(req)
+        finished = False
+        try:
+            yield from self._stream_tokens(req, opts, q, chunk, disconnected)
+            finished = True
+        finally:
+            if not finished:  # client gone (or a write failed): free the slot
+                self.sched.cancel(req.id)
+
+    def _stream_tokens(self, req: Request, opts: dict, q: queue.Queue, chunk: Callable[..., dict],
+                       disconnected: Disconnected | None) -> Iterator[dict]:
         fmt = self.fmt
         out: list[int] = []
         emitted = ""
         in_content = True
         while True:
-            kind, item = q.get()
-            if kind == "error":
-                raise APIError(500, f"generation failed: {item}", type_="server_error")
+            got = self._next(q, req, disconnected)
+            if got is None:
+                return
+            kind, item = got
             if kind == "done":
                 result = item
                 break
@@ -268,14 +255,14 @@ class ChatServer:
         if parsed.reasoning is not None:
             rest["reasoning_content"] = parsed.reasoning
         if parsed.tool_calls:
-            rest["tool_calls"] = [{"index": i, **c.to_openai()} for i, c in enumerate(parsed.tool_calls)]
+            rest["tool_calls"] = [{"index": i, **c} for i, c in enumerate(msg["tool_calls"])]
         if rest:
             yield chunk(rest)
         yield chunk({}, self._finish_reason(result, parsed), token_ids=out,
                     prompt_token_ids=[int(t) for t in req.prompt],
                     versions=[int(v) for v in result.versions[result.prompt_len:]])
         if opts["include_usage"]:
-            yield {**base, "choices": [], "usage": {"prompt_tokens": len(req.prompt), "completion_tokens": len(out),
+            yield {**chunk({}), "choices": [], "usage": {"prompt_tokens": len(req.prompt), "completion_tokens": len(out),
                                                     "total_tokens": len(req.prompt) + len(out)}}
 
     def models(self) -> dict:
@@ -310,6 +297,8 @@ class ChatServer:
 
 
 def _handler(server: ChatServer):
+    allowed = {CHAT_PATH: "POST", "/v1/models": "GET", "/health": "GET", "/v1/health": "GET"}
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "c2jax-serve"
@@ -317,19 +306,51 @@ def _handler(server: ChatServer):
         def log_message(self, fmt: str, *args: Any) -> None:  # quiet by default
             pass
 
-        def _send_json(self, status: int, obj: dict) -> None:
+        def _send_json(self, status: int, obj: dict, headers: dict[str, str] | None = None) -> None:
             data = json.dumps(obj).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.end_headers()
             self.wfile.write(data)
 
         def _error(self, e: APIError) -> None:
-            self._send_json(e.status, e.body())
+            self._send_json(e.status, e.body(), e.headers)
+
+        def _path(self) -> str:
+            return self.path.split("?")[0].rstrip("/")
+
+        def _discard_body(self) -> None:
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if 0 < length <= MAX_BODY:
+                self.rfile.read(length)
+            elif length != 0:
+                self.close_connection = True
+
+        def _wrong_method(self, path: str) -> None:
+            """405 (with Allow) on a known path, else 404; any body is read and dropped."""
+            self._discard_body()
+            want = "GET" if path.startswith("/v1/models/") else allowed.get(path)
+            if want is None:
+                return self._error(APIError(404, f"unknown path {path!r}", code="not_found"))
+            self._error(APIError(405, f"{self.command} is not allowed on {path}; use {want}", code="method_not_allowed",
+                                 headers={"Allow": want}))
+
+        def _disconnected(self) -> bool:
+            """Whether the client has gone; the socket is looked at most every POLL_S seconds."""
+            now = time.monotonic()
+            if now - getattr(self, "_checked_at", 0.0) < POLL_S:
+                return False
+            self._checked_at = now
+            return peer_closed(self.connection)
 
         def do_GET(self) -> None:
-            path = self.path.split("?")[0].rstrip("/")
+            path = self._path()
             if path == "/v1/models":
                 self._send_json(200, server.models())
             elif path.startswith("/v1/models/"):
@@ -341,16 +362,17 @@ def _handler(server: ChatServer):
             elif path in ("/health", "/v1/health"):
                 self._send_json(200, {"status": "ok"})
             else:
-                self._error(APIError(404, f"unknown path {path!r}", code="not_found"))
+                self._wrong_method(path)
+
+        def do_PUT(self) -> None:
+            self._wrong_method(self._path())
+
+        do_DELETE = do_PATCH = do_PUT
 
         def do_POST(self) -> None:
-            path = self.path.split("?")[0].rstrip("/")
-            if path != "/v1/chat/completions":
-                length = int(self.headers.get("Content-Length") or 0)
-                if 0 < length <= MAX_BODY:
-                    self.rfile.read(length)
-                self.close_connection = True
-                return self._error(APIError(404, f"unknown path {path!r}", code="not_found"))
+            path = self._path()
+            if path != CHAT_PATH:
+                return self._wrong_method(path)
             try:
                 try:
                     length = int(self.headers.get("Content-Length") or -1)
@@ -362,33 +384,48 @@ def _handler(server: ChatServer):
                 if length > MAX_BODY:
                     self.close_connection = True
                     raise APIError(413, f"request body over {MAX_BODY} bytes")
-                raw = self.rfile.read(length)
-                try:
-                    body = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raise APIError(400, f"the body is not valid JSON: {e}") from None
+                body = decode_body(self.rfile.read(length))
                 req, opts = server.parse_request(body)
                 if not opts["stream"]:
-                    return self._send_json(200, server.complete(req, opts))
+                    resp = server.complete(req, opts, self._disconnected)
+                    if resp is None:  # the client left; its request was cancelled
+                        self.close_connection = True
+                        return
+                    return self._send_json(200, resp)
             except APIError as e:
                 return self._error(e)
+            except RecursionError:
+                return self._error(APIError(400, "the request nests too deeply to render", code="invalid_value"))
             except Exception as e:  # noqa: BLE001 - a bug must not kill the connection thread silently
                 return self._error(APIError(500, f"{type(e).__name__}: {e}", type_="server_error"))
+            self._send_stream(req, opts)
+
+        def _send_stream(self, req: Request, opts: dict) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
+            chunks = server.stream(req, opts, self._disconnected)
             try:
-                for c in server.stream(req, opts):
+                for c in chunks:
                     self.wfile.write(f"data: {json.dumps(c)}\n\n".encode())
                     self.wfile.flush()
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
             except APIError as e:
-                self.wfile.write(f"data: {json.dumps(e.body())}\n\n".encode())
-            except (BrokenPipeError, ConnectionResetError):
-                return
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+                self._write_quietly(f"data: {json.dumps(e.body())}\n\ndata: [DONE]\n\n".encode())
+            except OSError:  # the client went away mid-stream: closing the generator cancels the request
+                pass
+            finally:
+                chunks.close()
+
+        def _write_quietly(self, data: bytes) -> None:
+            try:
+                self.wfile.write(data)
+                self.wfile.flush()
+            except OSError:
+                pass
 
     return Handler

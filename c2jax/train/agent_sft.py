@@ -40,8 +40,11 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     steps=300, batch_size=8, seq_len=1024, peak_lr=3e-3, warmup_steps=20, min_lr_ratio=0.1,
     weight_decay=0.0, clip_norm=1.0, max_demos=256, split="demo", log_every=10,
     # Phase 1 (before the demonstrations): next-token training on synthetic copy-heavy code
-    # (c2jax.data.synth_code, training word list only), so a tiny model can copy names it reads.
+    # (c2jax.data.synth_code: programs over the training word list only), so a tiny model can copy
+    # names it reads. `synth_code_drill_words`: the copy drills' words, "train" (TRAIN_WORDS) or "all"
+    # (both lists; bare word lists, no task content: see c2jax.data.synth_code).
     synth_code_steps=0, synth_code_batch=16, synth_code_seq_len=256, synth_code_lr=3e-3,
+    synth_code_drill_words="train", synth_code_drill_share=0.5,
 )
 
 
@@ -72,6 +75,8 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     check.float_range(c, "weight_decay", 0.0)
     check.float_range(c, "clip_norm", 0.0, lo_open=True)
     check.choice(c, "split", ("demo", "train"))
+    check.choice(c, "synth_code_drill_words", ("train", "all"))
+    check.float_range(c, "synth_code_drill_share", 0.0, 1.0)
 
 
 def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_demos: int,
@@ -121,7 +126,8 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
 
 def warmup_on_synth_code(params: Any, cfg: Any, tokenizer: Any, c: dict, seed: int, out_dir: str) -> tuple[Any, dict]:
     """Phase 1: `synth_code_steps` steps of next-token loss on synthetic copy-heavy code."""
-    from c2jax.data.synth_code import synth_code_rows
+    from c2jax.data.synth_code import ALL_WORDS, synth_code_rows
+    from c2jax.data.words import TRAIN_WORDS
     from c2jax.model.params_spec import trainable_mask
     from c2jax.train import optim
     from c2jax.train.metrics import MetricsLogger
@@ -130,7 +136,9 @@ def warmup_on_synth_code(params: Any, cfg: Any, tokenizer: Any, c: dict, seed: i
     from c2jax.train.step import make_train_step
 
     steps, B, S = int(c["synth_code_steps"]), int(c["synth_code_batch"]), int(c["synth_code_seq_len"])
-    rows = synth_code_rows(tokenizer, steps * B, S, seed=seed)  # [steps * B, S + 1]
+    drill_words = ALL_WORDS if c["synth_code_drill_words"] == "all" else TRAIN_WORDS
+    rows = synth_code_rows(tokenizer, steps * B, S, seed=seed, drill_words=drill_words,
+                           drill_share=float(c["synth_code_drill_share"]))  # [steps * B, S + 1]
     sched = optim.make_schedule({"name": "constant", "peak_lr": float(c["synth_code_lr"]), "warmup_steps": 20}, steps)
     tx = optim.make_optimizer({"name": "adamw", "b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 0.0,
                                "clip_norm": float(c["clip_norm"])}, sched, params, trainable=trainable_mask(cfg))

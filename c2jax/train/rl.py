@@ -181,6 +181,7 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     # weights the engine holds (they lag the learner's when rl.max_staleness > 0).
     tree = dict(state.to_tree(), engine_params=engine_params)
     got = ckpt.restore_latest(tree)
+    loader_state: dict = {}
     if got is not None:
         start, tree, loader_state, _ = got
         state = state.replace_tree(tree)
@@ -201,8 +202,23 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     steps = int(rl["steps"])
     bar = Progress(steps, initial=start, desc="rl")
     t_rl = time.time()
+    services = None
     try:
-        for step in range(start, steps):
+        if rl["services"]["enabled"]:  # the asynchronous services (c2jax.train.async_rl) drive the steps
+            from c2jax.train.async_rl.stage import run_services
+
+            def _eval_fn(params: Any, at: int) -> dict:
+                ev = evaluate(params, cfg, tokenizer, config, rl, eval_tasks, os.path.join(out_dir, f"eval_step_{at}"), seed)
+                res = ev["results"]["overall"]
+                k = int(rl["eval"]["k"])
+                return {"eval/pass_at_1": res.get("pass@1"), f"eval/pass_at_{k}": res.get(f"pass@{k}")}
+
+            state, version, services = run_services(
+                ctx, state, stream=stream, ckpt=ckpt, logger=logger, start=start, version=version,
+                loader_state=loader_state, out_dir=out_dir, eval_fn=_eval_fn,
+                on_step=lambda s, m: bar.update(1, reward=m.get("reward/total", float("nan")),
+                                                pass_rate=m.get("pass_rate", float("nan"))))
+        for step in range(start, steps) if services is None else ():
             tasks = stream.take(int(rl["tasks_per_step"]), step)
             out = rl_step(ctx, state, tasks, step=step, version=version, engine_version=engine_version)
             state, version, engine_version = out.state, out.version, out.engine_version
@@ -243,6 +259,8 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
                                     for t, p in (("before", "init"), ("after", "final"))}
         summary["eval_checkpoints"] = {"before": os.path.join(out_dir, "policy_init"),
                                        "after": os.path.join(out_dir, "policy_final")}
+    if services is not None:
+        summary["services"] = services
     summary["time"] = timings
     summary["stage_wall_time_s"] = time.time() - t_stage
     write_report(out_dir, summary, os.path.join(out_dir, "train.jsonl"))
@@ -269,11 +287,19 @@ def eval_summary(before: dict, after: dict, rl: dict, seed: int) -> dict:
         out[f"mean_tool_calls_{tag}"] = res.get("mean_tool_calls")
     out["wellformed"] = {f"pass_at_1_wellformed_{tag}": wellformed_pass_rate(ev["rows"])
                          for tag, ev in (("before", before), ("after", after))}
+    for tag, ev in (("before", before), ("after", after)):
+        out[f"median_tool_calls_resolved_{tag}"] = median_tool_calls_resolved(ev["rows"])
     for kk in (1, k):
         d = paired_bootstrap_diff(before["rows"], after["rows"], kk, seed=seed)
         out[f"pass_at_{kk}_diff_ci"] = {"lo": d["lo"], "hi": d["hi"]}
         out[f"pass_at_{kk}_diff"] = d["mean"]
     return out
+
+
+def median_tool_calls_resolved(rows: list) -> float | None:
+    """Median tool calls of the resolved samples (the family needs reading before editing: >= 2)."""
+    calls = [float(s.get("tool_calls") or 0) for r in rows for s in r["samples"] if s.get("resolved")]
+    return float(np.median(calls)) if calls else None
 
 
 def wellformed_pass_rate(rows: list) -> float | None:

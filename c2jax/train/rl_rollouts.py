@@ -77,11 +77,21 @@ def check_sample(traj: Trajectory, max_len: int) -> str | None:
     return None
 
 
+def _announcing(grade_fn: Callable, announce: Callable[[], None]) -> Callable:
+    def graded(task: Any, diff: str) -> Any:
+        announce()
+        return grade_fn(task, diff)
+    return graded
+
+
 async def _one(harness: Any, policy: Any, task: Any, k: int, pool: Any, sem: asyncio.Semaphore, max_len: int,
-               grade_fn: Callable | None) -> Sample:
+               grade_fn: Callable | None, on_state: Callable[[Any, int, str], None] | None = None) -> Sample:
     from c2jax.agent.rollout import failed_episode, arollout
 
     async with sem:
+        if on_state is not None:
+            on_state(task, k, "rolling_out")
+            grade_fn = _announcing(grade_fn, lambda: on_state(task, k, "grading"))
         t0 = time.monotonic()
         try:
             ep = await arollout(harness, policy, task, pool=pool, sample=k, grade_fn=grade_fn)
@@ -100,14 +110,17 @@ async def _one(harness: Any, policy: Any, task: Any, k: int, pool: Any, sem: asy
 
 
 async def acollect(harness: Any, policy: Any, tasks: Sequence[Any], *, group_size: int, pool: Any = None,
-                   max_in_flight: int = 32, max_len: int = 1 << 30, grade_fn: Callable | None = None) -> list[Sample]:
-    """`group_size` graded episodes per task, at most `max_in_flight` at once; order: task-major."""
+                   max_in_flight: int = 32, max_len: int = 1 << 30, grade_fn: Callable | None = None,
+                   on_state: Callable[[Any, int, str], None] | None = None) -> list[Sample]:
+    """`group_size` graded episodes per task, at most `max_in_flight` at once; order: task-major.
+    `on_state(task, k, state)` (optional) hears each episode start ``rolling_out`` and, just before
+    its grader runs, ``grading`` (the asynchronous services' sample lifecycle)."""
     from c2jax.bench.agent_eval import ensure_threads
 
     grade_fn = grade_fn or grade_validated
     ensure_threads(2 * max_in_flight + 8)  # sandbox starts, tools and grading run in threads: room for every episode
     sem = asyncio.Semaphore(max_in_flight)
-    return list(await asyncio.gather(*(_one(harness, policy, t, k, pool, sem, max_len, grade_fn)
+    return list(await asyncio.gather(*(_one(harness, policy, t, k, pool, sem, max_len, grade_fn, on_state)
                                        for t in tasks for k in range(group_size))))
 
 

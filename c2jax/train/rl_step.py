@@ -14,6 +14,10 @@
    otherwise lag the learner by more than ``rl.max_staleness`` versions at the next update
    (0 = every step: fully on-policy). Samples are checked against the bound and the staleness
    histogram is reported.
+
+The pieces are public so the asynchronous services (`c2jax.train.async_rl`) reuse them instead of
+forking: `collect` (rollouts), `mark_stale` (the staleness safety net), `learn` (steps 2-4) and
+`publish` (step 5); `rl_step` is exactly their synchronous composition.
 """
 from __future__ import annotations
 
@@ -73,28 +77,34 @@ def _staleness_hist(batch: dict, version: int) -> dict[str, float]:
     return {f"staleness/hist/{int(v)}": float(c) for v, c in zip(vals, counts)}
 
 
-def rl_step(ctx: RLContext, state: TrainState, tasks: Sequence[Any], *, step: int, version: int,
-            engine_version: int) -> StepOutput:
-    rl = ctx.rl
-    G = int(rl["group_size"])
-    t_step = time.monotonic()
-    ctx.policy.seed = ctx.seed
-    ctx.policy.seed_salt = step
-    t0 = time.monotonic()
-    samples: list[Sample] = collect(ctx.harness, ctx.policy, tasks, group_size=G, pool=ctx.pool,
-                                    max_in_flight=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
-                                    grade_fn=ctx.grade_fn)
-    rollout_s = time.monotonic() - t0
-    metrics: dict[str, float] = sample_stats(samples)
-    # Staleness bound: a token sampled by a version older than allowed is dropped with a reason.
+def mark_stale(samples: Sequence[Sample], version: int, max_staleness: int) -> dict[str, float]:
+    """Mask (``mask_reason='stale'``, counted) every live sample with a loss token sampled by a policy
+    version more than `max_staleness` versions older than `version` (the learner's, at its update).
+    The asynchronous reconciler's admission rule keeps this from firing; it stays as the safety net."""
+    metrics: dict[str, float] = {}
     for s in samples:
         if s.mask_reason:
             continue
         vs = [int(v) for seg in s.trajectory.segments for v, m in zip(seg.policy_versions, seg.loss_mask) if m]
-        if vs and version - min(vs) > int(rl["max_staleness"]):
+        if vs and version - min(vs) > int(max_staleness):
             s.mask_reason = "stale"
             s.trajectory.infra_failed = True
             metrics["masked/stale"] = metrics.get("masked/stale", 0.0) + 1.0
+    return metrics
+
+
+@dataclasses.dataclass
+class LearnOutput:
+    state: TrainState
+    metrics: dict  # learner metrics, then diagnostics, then the staleness histogram (in that order)
+    batch: dict  # the padded batch the update saw
+
+
+def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version: int) -> LearnOutput:
+    """Steps 2-4 of `rl_step` on already graded (and staleness-checked) samples: `pad_batch`,
+    diagnostics and reference logprobs, one learner update at policy `version`. The synchronous step
+    and the asynchronous trainer service both call this (nothing else updates the parameters)."""
+    rl = ctx.rl
     trajs = [s.trajectory for s in samples]
     n = len(trajs)
     # Rows needed (first-fit packing) depend on lengths: pad to a bucket so jit sees few shapes.
@@ -131,18 +141,40 @@ def rl_step(ctx: RLContext, state: TrainState, tasks: Sequence[Any], *, step: in
     state, m = ctx.learner.update(state, batch, logp_ref, version)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     learner_s = time.monotonic() - t0
+    metrics: dict[str, float] = dict(m)
+    metrics.update(diag)
+    metrics.update(_staleness_hist(batch, version))
+    metrics.update({k: m[k] for k in m if k.startswith("adv/")})
+    metrics.update({"tokens/learner": float(mask.sum()), "learner/rows": float(batch["tokens"].shape[0]),
+                    "time/diagnostics_s": diag_s, "time/learner_s": learner_s})
+    return LearnOutput(state, metrics, batch)
+
+
+def rl_step(ctx: RLContext, state: TrainState, tasks: Sequence[Any], *, step: int, version: int,
+            engine_version: int) -> StepOutput:
+    rl = ctx.rl
+    G = int(rl["group_size"])
+    t_step = time.monotonic()
+    ctx.policy.seed = ctx.seed
+    ctx.policy.seed_salt = step
+    t0 = time.monotonic()
+    samples: list[Sample] = collect(ctx.harness, ctx.policy, tasks, group_size=G, pool=ctx.pool,
+                                    max_in_flight=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
+                                    grade_fn=ctx.grade_fn)
+    rollout_s = time.monotonic() - t0
+    metrics: dict[str, float] = sample_stats(samples)
+    # Staleness bound: a token sampled by a version older than allowed is dropped with a reason.
+    for k, v in mark_stale(samples, version, int(rl["max_staleness"])).items():
+        metrics[k] = metrics.get(k, 0.0) + v
+    out = learn(ctx, state, samples, version)
+    state = out.state
     version += 1
     publish_s = 0.0
     if version - engine_version > int(rl["max_staleness"]):
         publish_s = publish(ctx, state.params, version)
         engine_version = version
-    metrics.update(m)
-    metrics.update(diag)
-    metrics.update(_staleness_hist(batch, version - 1))
-    adv_keys = [k for k in m if k.startswith("adv/")]
-    metrics.update({k: m[k] for k in adv_keys})
+    metrics.update(out.metrics)
     metrics.update({"version": float(version), "engine_version": float(engine_version),
-                    "tokens/learner": float(mask.sum()), "learner/rows": float(batch["tokens"].shape[0]),
-                    "time/rollout_s": rollout_s, "time/diagnostics_s": diag_s, "time/learner_s": learner_s,
-                    "time/publish_s": publish_s, "time/step_s": time.monotonic() - t_step})
+                    "time/rollout_s": rollout_s, "time/publish_s": publish_s,
+                    "time/step_s": time.monotonic() - t_step})
     return StepOutput(state, version, engine_version, metrics, samples)

@@ -14,7 +14,10 @@ tensor) and blocks run along the contraction axis of the GEMM that consumes them
 Gradients are straight-through (quantisation is treated as identity in the backward). The
 group_sizes input gets no gradient. `impl='xla'` runs the same quantisers and then
 `jax.lax.ragged_dot` / a masked einsum on the dequantised operands (the oracle, and the CPU
-path); 'interpret' / 'pallas' run `pallas_gmm` kernels. Contraction and output axes are zero-padded
+path); 'interpret' / 'pallas' run `pallas_gmm` kernels (on a GPU, 'pallas' routes the FP8 GEMMs to
+the Mosaic GPU kernels of `hopper.py`); 'triton' / 'triton_interpret' run the GPU-lowerable
+`triton_gmm` kernels (compiled, or in interpret mode on CPU) for f32 / bf16 / fp8_blockwise / mxfp8
+(the NVFP4 forward of `nvfp4_fwd_mxfp8_bwd` has no Triton kernel and takes the reference path). Contraction and output axes are zero-padded
 to the block sizes the recipe needs (exact: zero blocks contribute nothing).
 """
 from __future__ import annotations
@@ -25,11 +28,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.gmm import groups, pallas_gmm
+from kernels_pallas.gmm import groups, pallas_gmm, triton_gmm
 from kernels_pallas.gmm.reference import gmm_ref, tgmm_ref
 from kernels_pallas.quant import reference as qref
 
-GMM_IMPLS = ("xla", "interpret", "pallas")
+TRITON_IMPLS = ("triton", "triton_interpret")
+GMM_IMPLS = ("xla", "interpret", "pallas") + TRITON_IMPLS
 _TM = 64
 
 
@@ -50,6 +54,32 @@ def _q(x, fmt, axis, **kw):
     return qref.quantize(x, fmt, axis, **kw)
 
 
+def _triton_gmm(lhs_ops, rhs_ops, gs, kind, impl):
+    """Forward/dgrad through `triton_gmm.gmm`: plain K and plain/mx N padded to 16 (zeros, exact),
+    tiles shrunk to divide K and N."""
+    n = rhs_ops[0].shape[2]
+    if kind == "plain":
+        lhs_ops = (_pad_axis(lhs_ops[0], 1, 16),)
+        rhs_ops = (_pad_axis(rhs_ops[0], 1, 16),)
+    if kind in ("plain", "mx"):
+        rhs_ops = tuple(_pad_axis(o, 2, 16) for o in rhs_ops)
+    k, np_ = lhs_ops[0].shape[1], rhs_ops[0].shape[2]
+    cfg = triton_gmm.fit_config(triton_gmm.GMM_DEFAULTS[kind], k, np_,
+                                k_min={"plain": 16, "mx": 32, "fp8bw": 128}[kind])
+    out = triton_gmm.gmm(lhs_ops, rhs_ops, gs, kind=kind, config=cfg, interpret=impl == "triton_interpret")
+    return out[:, :n]
+
+
+def _triton_tgmm(x_ops, dy_ops, gs, kind, impl):
+    """Wgrad through `triton_gmm.tgmm`: K and N (last axes of every operand) padded to 16."""
+    k, n = x_ops[0].shape[1], dy_ops[0].shape[1]
+    x_ops = tuple(_pad_axis(o, 1, 16) for o in x_ops)
+    dy_ops = tuple(_pad_axis(o, 1, 16) for o in dy_ops)
+    cfg = triton_gmm.fit_config(triton_gmm.TGMM_DEFAULTS[kind], x_ops[0].shape[1], dy_ops[0].shape[1])
+    out = triton_gmm.tgmm(x_ops, dy_ops, gs, kind=kind, config=cfg, interpret=impl == "triton_interpret")
+    return out[:, :k, :n]
+
+
 # ------------------------------------------------------------------ one GEMM per role
 # Forward-style GEMM a (M,K) @ w[g] (G,K,N) per recipe family, registered by family name.
 def _plain_gemm(dt):
@@ -59,6 +89,8 @@ def _plain_gemm(dt):
         if impl == "xla":
             return jax.lax.ragged_dot(a, w, gs, preferred_element_type=jnp.float32,
                                       precision=jax.lax.Precision.HIGHEST)
+        if impl in TRITON_IMPLS:
+            return _triton_gmm((a,), (w,), gs, "plain", impl)
         return _kernel_gmm((a,), (w,), gs, "plain", m, k, w.shape[2], impl)
     return gemm
 
@@ -69,6 +101,8 @@ def _fp8bw_gemm(a, w, gs, impl):
     qw = _q(w, "fp8_blockwise", 1, tile=(128, 128))
     if impl == "xla":
         return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+    if impl in TRITON_IMPLS:
+        return _triton_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "fp8bw", impl)
     if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper wgmma kernel (hopper.py)
         from kernels_pallas.gmm.hopper import fp8_blockwise_gmm_hopper
         return fp8_blockwise_gmm_hopper(_e4m3(qa.data), qa.scales, _e4m3(jnp.swapaxes(qw.data, 1, 2)),
@@ -83,6 +117,8 @@ def _mx_gemm(a, w, gs, impl):
     qw = _q(w, "mxfp8_e4m3", 1)
     if impl == "xla":
         return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+    if impl in TRITON_IMPLS:
+        return _triton_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "mx", impl)
     if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper wgmma kernel (hopper.py)
         from kernels_pallas.gmm.hopper import mxfp8_gmm_hopper
         return mxfp8_gmm_hopper(_e4m3(qa.data), qa.scales, _e4m3(jnp.swapaxes(qw.data, 1, 2)),
@@ -95,7 +131,7 @@ def _nvfp4_gemm(a, w, gs, impl):
     m, k = a.shape
     qa = _q(a, "nvfp4_per_token", 1)
     qw = _q(w, "nvfp4", 1, group_axis=0)
-    if impl == "xla":
+    if impl == "xla" or impl in TRITON_IMPLS:  # no Triton NVFP4 kernel: the reference path
         return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
     if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper: BF16 wgmma (hopper.py)
         from kernels_pallas.gmm.hopper import nvfp4_gmm_hopper
@@ -148,6 +184,8 @@ def _wgrad_gemm(x, dy, gs, family, impl):
         x, dy = x.astype(dt), dy.astype(dt)
         if impl == "xla":
             return tgmm_ref(x, dy, gs)
+        if impl in TRITON_IMPLS:
+            return _triton_tgmm((x,), (dy,), gs, "plain", impl)
         if impl == "pallas":
             _no_gpu_kernel("the plain wgrad")
         mp = -(-m // _TM) * _TM if m > _TM else m
@@ -163,6 +201,8 @@ def _wgrad_gemm(x, dy, gs, family, impl):
     if impl == "xla":
         return tgmm_ref(qref.dequantize(qx), qref.dequantize(qd), pgs)
     kind = "fp8bw" if family == "fp8bw" else "mx"
+    if impl in TRITON_IMPLS:
+        return _triton_tgmm((_e4m3(qx.data), qx.scales), (_e4m3(qd.data), qd.scales), pgs, kind, impl)
     if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper kernels, transposed FP8 copies
         from kernels_pallas.gmm import hopper
         f = hopper.fp8_blockwise_tgmm_hopper if kind == "fp8bw" else hopper.mxfp8_tgmm_hopper
@@ -237,7 +277,7 @@ _gmm_vjp.defvjp(_gmm_fwd, _gmm_bwd)
 def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, precision: str = "f32",
                    impl: str = "xla") -> jax.Array:
     """Ragged grouped matmul (M, K) x (G, K, N) -> (M, N) in `lhs.dtype`, differentiable in lhs and
-    rhs with the recipe of `precision` (module docstring). impl: 'xla' | 'interpret' | 'pallas'."""
+    rhs with the recipe of `precision` (module docstring). impl: one of `GMM_IMPLS`."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if impl not in GMM_IMPLS:

@@ -1,0 +1,142 @@
+"""Shared pieces of the asynchronous RL tests: a tiny model, the real harness/engine/sandbox on the
+agent tests' buggy repository, distinct task records over it, and both loops (synchronous `rl_step`
+and the asynchronous driver) built the same way."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from _agent_fixtures import agent_tokenizer, chat_format
+from test_agent_rollout import make_task
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_model():
+    from c2jax.model import init
+    from c2jax.model.config import preset
+
+    cfg = preset("tiny").replace(vocab_size=1024, max_position_embeddings=1024, mtp_depth=0,
+                                 **{"moe.impl": "dropless"})
+    return cfg, init(cfg, jax.random.PRNGKey(3))
+
+
+def rl_section(**over: Any) -> dict:
+    from c2jax.rl.loss import resolve_rl_config
+    from c2jax.rl.stage_config import resolve_stage
+
+    # The length penalty gives every group reward variance (a random tiny model never fixes the bug,
+    # so the task reward alone would make every advantage, and the update, zero).
+    rl = resolve_rl_config({"group_size": 2, "rewards": {
+        "task": {"weight": 1.0},
+        "length": {"fn": "length_penalty", "weight": 0.1, "k": 0.05, "q": 0.5,
+                   "weights": {"thinking_tokens": 1.0, "tool_call_tokens": 1.0, "tool_output_tokens": 0.0,
+                               "final_message_tokens": 1.0, "tool_calls": 10.0, "turns": 10.0}}}})
+    rl.update(resolve_stage({"steps": 2, "tasks_per_step": 2, "max_in_flight": 4, "max_len": 1024,
+                             "learning_rate": 1e-3, "replay_metrics": False}))
+    rl.update(over)
+    return rl
+
+
+def tasks(env_id: str, n: int) -> list:
+    base = make_task(env_id)
+    return [dataclasses.replace(base, instance_id=f"calc-add-sign-{i}") for i in range(n)]
+
+
+def param_hash(params: Any) -> str:
+    h = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(params):
+        h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass
+class Parts:
+    ctx: Any
+    engine: Any
+    pool: Any
+    state: Any
+    stream: Any
+    cfg: Any
+    params: Any
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.pool.close()
+
+
+_LEARNERS: dict = {}
+
+
+def learner_for(rl: dict) -> Any:
+    """One learner per rl section for the whole session (its jitted functions compile once)."""
+    from c2jax.train.rl_learner import make_learner
+
+    key = repr(sorted(rl.items()))
+    if key not in _LEARNERS:
+        cfg, params = tiny_model()
+        _LEARNERS[key] = make_learner(cfg, rl, params)
+    return _LEARNERS[key]
+
+
+def build(rl: dict, task_list: list, *, seed: int = 0, grade_fn: Any = None, max_turns: int = 2,
+          max_new_tokens: int = 24, reference: bool = False) -> Parts:
+    """Engine (initial weights, version 0), harness, pool, learner, train state and task stream."""
+    from c2jax.agent.harness import Harness, HarnessConfig
+    from c2jax.agent.policies import EnginePolicy
+    from c2jax.agent.tools import ToolConfig
+    from c2jax.envs import SandboxPool
+    from c2jax.sampling import Engine, EngineConfig
+    from c2jax.train.rl_step import RLContext
+    from c2jax.train.rl_tasks import TaskStream
+    from c2jax.train.state import TrainState
+
+    cfg, params = tiny_model()
+    fmt = chat_format()
+    engine = Engine(params, cfg, EngineConfig(max_slots=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
+                                              recompute_cache_on_update=True), tokenizer=agent_tokenizer())
+    harness = Harness(fmt, HarnessConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, system_prompt="Fix it.",
+                                         tools=ToolConfig(enabled=("read_file", "search_replace"),
+                                                          compact_declarations=True)))
+    policy = EnginePolicy(engine, fmt, temperature=1.0, seed=seed)
+    learner = learner_for(rl)
+    state = TrainState.create(params, learner.tx)
+    pool = SandboxPool(max_concurrency=int(rl["max_in_flight"]))
+    ctx = RLContext(rl=rl, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
+                    ref_params=params if reference else None, seed=seed, grade_fn=grade_fn)
+    stream = TaskStream(task_list, seed=seed, upsample_after_step=None)
+    return Parts(ctx, engine, pool, state, stream, cfg, params)
+
+
+def run_sync(parts: Parts, steps: int) -> tuple[Any, list[dict]]:
+    from c2jax.train.rl_step import rl_step
+
+    state, version, engine_version, rows = parts.state, 0, 0, []
+    for step in range(steps):
+        out = rl_step(parts.ctx, state, parts.stream.take(int(parts.ctx.rl["tasks_per_step"]), step), step=step,
+                      version=version, engine_version=engine_version)
+        state, version, engine_version = out.state, out.version, out.engine_version
+        rows.append(out.metrics)
+    return state, rows
+
+
+def make_async(parts: Parts, out_dir: str, steps: int, backend: Any = None, **kw: Any):
+    from c2jax.train.async_rl.publisher import EnginePublisher
+    from c2jax.train.async_rl.runner import AsyncRL
+    from c2jax.train.async_rl.services import LocalBackend
+    from c2jax.train.async_rl.workers import RolloutWorker, Trainer
+
+    backend = backend or LocalBackend()
+    ctx = parts.ctx
+    G = int(ctx.rl["group_size"])
+    workers = max(1, int(ctx.rl["max_in_flight"]) // G)
+    rollout = backend.spawn("rollout", lambda: RolloutWorker(ctx.harness, ctx.policy, ctx.pool, ctx.rl,
+                                                             grade_fn=ctx.grade_fn, seed=ctx.seed), workers=workers)
+    trainer = backend.spawn("trainer", lambda: Trainer(ctx), workers=1)
+    return AsyncRL(ctx, rollout=rollout, trainer=trainer, publisher=EnginePublisher(parts.engine), stream=parts.stream,
+                   steps=steps, out_dir=os.fspath(out_dir), **kw)
