@@ -10,9 +10,10 @@ import sys
 import pytest
 
 from _agent_fixtures import FIX_PATCH, agent_tokenizer, make_repo, needs_bwrap, repo_env  # noqa: F401
+from _paths import REPO_ROOT  # noqa: E402
 
 pytestmark = needs_bwrap
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 
 
 def run_cli(*args, env_dir):

@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from _paths import REPO_ROOT  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 _omp = os.environ.get("OMP_WAIT_POLICY")
 import model_step  # noqa: E402  (sets OMP_WAIT_POLICY for the benchmark's own process: undo it here)

@@ -12,8 +12,9 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
+from _paths import REPO_ROOT  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 
 import perf  # noqa: E402
 from c2jax.model.config import AttentionConfig, ModelConfig, MoEConfig, preset  # noqa: E402

@@ -10,10 +10,11 @@ import sys
 import pytest
 
 from _envs_common import needs_bwrap
+from _paths import REPO_ROOT  # noqa: E402
 
 pytestmark = [needs_bwrap, pytest.mark.slow]  # ~50 s of compiling: run with -m slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 
 
 def test_rl_step_benchmark_dry_run_writes_json(tmp_path):

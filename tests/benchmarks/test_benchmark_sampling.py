@@ -7,8 +7,9 @@ import sys
 
 import numpy as np
 import pytest
+from _paths import REPO_ROOT  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 _omp = os.environ.get("OMP_WAIT_POLICY")
 import sampling as sampling_bench  # noqa: E402  (sets OMP_WAIT_POLICY for its own process: undo it)
 

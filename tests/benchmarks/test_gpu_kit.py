@@ -13,8 +13,9 @@ import jax
 import pytest
 
 from kernels_pallas import api, gpu_validation
+from _paths import REPO_ROOT  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(REPO_ROOT)
 
 
 def test_record_roundtrip_and_gating(tmp_path):

@@ -7,8 +7,9 @@ import importlib.util
 import os
 
 import pytest
+from _paths import REPO_ROOT  # noqa: E402
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "weight_deltas.py")
+_PATH = os.path.join(REPO_ROOT, "benchmarks", "weight_deltas.py")
 
 
 @functools.lru_cache(maxsize=1)

@@ -15,6 +15,7 @@ from c2jax.data.chat_format import ChatFormat, Message
 from c2jax.data.config_checks import check_built, check_data_ready, check_seq_len, check_vocab
 from c2jax.data.corpus import Corpus, CorpusError
 from c2jax.data.loader import DataError
+from _paths import TESTS_DIR  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_build_survives_kill_9_between_write_and_commit(tmp_path):
     clean = B.build(cfg, root=str(tmp_path / "clean"), progress=False)
     script = (
         "import os, signal, sys\n"
-        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        f"sys.path.insert(0, {TESTS_DIR!r})\n"
         "from _data_fixtures import fake_data_config\n"
         "from c2jax.data import build as B, shards\n"
         "B.BATCH_DOCS = 4\n"
@@ -210,7 +211,7 @@ def test_cli_build_and_bad_config(tmp_path, capsys):
         "def get_config(arg=''):\n"
         "    c = ml_collections.ConfigDict()\n"
         "    c.data = fake_data_config(%r)\n"
-        "    return c\n" % (os.path.dirname(__file__), root))
+        "    return c\n" % (TESTS_DIR, root))
     assert cli(["build", "--config", str(cfg_file), "--no-progress", "--pin", str(tmp_path / "pin.json")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["vocab_size"] <= 400 and out["tokens"]["train"]["package_code"] > 0

@@ -7,6 +7,7 @@ import pytest
 
 from _envs_common import assert_no_leftovers, envs_state, needs_bwrap, repo_env  # noqa: F401
 from c2jax.envs import ExecResult, SandboxError
+from _paths import REPO_ROOT  # noqa: E402
 
 pytestmark = [pytest.mark.ray, needs_bwrap]
 ray = pytest.importorskip("ray")
@@ -15,7 +16,7 @@ ray = pytest.importorskip("ray")
 @pytest.fixture(scope="module")
 def local_ray():
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo_root = REPO_ROOT
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": repo_root, "RAY_USAGE_STATS_ENABLED": "0"}})
     yield

@@ -9,6 +9,7 @@ from _envs_common import (assert_no_leftovers, envs_state, needs_bwrap, needs_ro
                           tree_snapshot)
 from c2jax.envs import ExecResult, SandboxClosed, SandboxError, UnsafePath, build_env, derive_env, start
 from c2jax.envs.images import load
+from _paths import REPO_ROOT  # noqa: E402
 
 pytestmark = needs_bwrap
 
@@ -191,7 +192,7 @@ def test_requirements_install_from_wheelhouse(repo_env, tmp_path):
     """Real third-party packages (pytest) installed into /env from the prefetched wheelhouse, then
     the repository's own tests run inside the sandbox: pip and pytest never run on the host."""
     wheelhouse = os.environ.get("C2JAX_WHEELHOUSE") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", ".wheelhouse")
+        REPO_ROOT, ".wheelhouse")
     if not os.path.isdir(wheelhouse) or not any(w.startswith("pytest-") for w in os.listdir(wheelhouse)):
         pytest.skip("no prefetched wheelhouse: .ci/run downloads .ci/wheelhouse.txt into .wheelhouse/")
     repo, _ = repo_env

@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from _paths import REPO_ROOT  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 
 
 def _run(args, tmp_path, timeout=300):

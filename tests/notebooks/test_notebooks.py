@@ -16,12 +16,13 @@ import sys
 import sysconfig
 
 import pytest
+from _paths import REPO_ROOT  # noqa: E402
 
 nbformat = pytest.importorskip("nbformat", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
 nbclient = pytest.importorskip("nbclient", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
 pytest.importorskip("ipykernel", reason="pip install -e '.[test]' (nbformat, nbclient, ipykernel)")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 NOTEBOOKS = sorted(n[:-6] for n in os.listdir(os.path.join(ROOT, "notebooks")) if n.endswith(".ipynb"))
 FAST = ("kl_estimators", "length_penalty")
 KERNEL = "c2jax-fresh"

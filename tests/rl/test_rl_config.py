@@ -10,8 +10,9 @@ import sys
 import types
 
 import pytest
+from _paths import REPO_ROOT  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 CONFIG = os.path.join(ROOT, "experiments", "configs", "rl_quickstart.py")
 
 

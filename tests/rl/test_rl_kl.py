@@ -14,6 +14,7 @@ import pytest
 import _rl_toy as toy
 from c2jax.rl.kl import kl_estimate, kl_loss_per_token, kl_metrics, kl_reward_penalty
 from c2jax.rl.loss import make_rl_loss
+from _paths import REPO_ROOT  # noqa: E402
 
 
 def gaussian_closed_form(mu):
@@ -169,7 +170,7 @@ def test_benchmark_script_runs(tmp_path, capsys):
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kl_estimators.py"
+    path = pathlib.Path(REPO_ROOT) / "benchmarks" / "kl_estimators.py"
     spec = importlib.util.spec_from_file_location("kl_estimators_bench", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -19,6 +19,7 @@ from _agent_fixtures import agent_tokenizer, needs_bwrap, repo_env  # noqa: F401
 from _serve_fixtures import CONTENT, bigram_params, chain_ids
 from c2jax.agent.harness import Harness, HarnessConfig
 from c2jax.agent.tools import ToolConfig
+from _paths import REPO_ROOT  # noqa: E402
 
 TOOLS = ToolConfig(enabled=("read_lints", "run_terminal_cmd"))
 HCFG = HarnessConfig(system_prompt="You are a coding agent.", tools=TOOLS, max_turns=3, max_new_tokens=48)
@@ -217,7 +218,7 @@ def test_serve_cli_subprocess(tmp_path, monkeypatch):
     fmt = ChatFormat(tok)
     cfg = preset("tiny").replace(vocab_size=tok.vocab_size, mtp_depth=0)
     save_serving_checkpoint(str(tmp_path), bigram_params(cfg, fmt), cfg, tok)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = REPO_ROOT
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     env["PYTHONPATH"] = root
     proc = subprocess.Popen([sys.executable, "-m", "c2jax.serve", "--checkpoint", str(tmp_path), "--port", "0",

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from _envs_common import needs_bwrap
+from _paths import REPO_ROOT  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 CONFIG = os.path.join(ROOT, "experiments", "configs", "rl_quickstart.py")
 
 pytestmark = needs_bwrap

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from c2jax.train.metrics import read_jsonl
+from _paths import TESTS_DIR  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS_DIR  # the helper scripts live in tests/
 RUN = [sys.executable, os.path.join(HERE, "train_toy_run.py")]
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "C2JAX_PROGRESS": "0"}
 

@@ -15,8 +15,9 @@ import pytest
 from _data_fixtures import fake_data_config
 from c2jax.config import ConfigError, validate
 from c2jax.model.config import model_config_dict
+from _paths import REPO_ROOT  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 
 
 def make_config(data, stages=("cpt",), steps=3, **model_over):

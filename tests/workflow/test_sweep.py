@@ -12,8 +12,9 @@ import pytest
 from c2jax.workflow import results
 from c2jax.workflow.space import SpaceError, parse_grid, parse_random, points, split_top_level
 from c2jax.workflow.sweep import DONE, SweepError, plan_sweep, run_sweep
+from _paths import REPO_ROOT  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 TINY = os.path.join(ROOT, "experiments", "configs", "tiny.py")
 
 

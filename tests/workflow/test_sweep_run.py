@@ -16,8 +16,9 @@ import time
 import pytest
 
 from c2jax.workflow import results
+from _paths import REPO_ROOT  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO_ROOT
 # The smallest smoke run: 2 layers (1 dense + 1 MoE), no MTP, 16 tokens x 1 row, 2 steps.
 SMALL = ["--config.model.num_layers=2", "--config.model.mtp_depth=0", "--config.smoke.seq_len=16",
          "--config.smoke.batch_size=1", "--config.smoke.steps=2"]

@@ -9,8 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from _paths import TESTS_DIR  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS_DIR  # the helper scripts live in tests/
 
 
 def _free_port() -> int:
