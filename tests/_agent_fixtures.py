@@ -1,4 +1,4 @@
-"""Shared fixtures for tests/test_agent_*.py and tests/test_serve_*.py (not collected: no test_ prefix).
+"""Shared fixtures for tests/agent/test_agent_*.py and tests/serve/test_serve_*.py (not collected: no test_ prefix).
 
 A small tokenizer trained in-process (stdlib json modules plus the tool names, under a second), a
 private environments state directory, and a tiny repository with a bug and a test script.

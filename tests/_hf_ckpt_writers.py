@@ -1,4 +1,4 @@
-"""Independent writers for synthetic HF checkpoints used by the tests/test_hf_io_*.py files.
+"""Independent writers for synthetic HF checkpoints used by the tests/model/hf/test_hf_io_*.py files.
 
 An FP8 block quantiser (per-block loops, DeepSeek's amax/448 recipe), an INT4 compressed-tensors
 packer (nibbles assembled into little-endian bytes), and a safetensors directory writer (single

@@ -1,4 +1,4 @@
-"""One process of the 2-process x 4-CPU-device test (tests/test_sharding_multiprocess.py).
+"""One process of the 2-process x 4-CPU-device test (tests/model/parallel/test_sharding_multiprocess.py).
 
 Environment: C2JAX_COORDINATOR=127.0.0.1:PORT, C2JAX_NUM_PROCESSES=2, C2JAX_PROCESS_ID=p (read by
 experiments/run.py's `maybe_initialize_distributed`), argv: OUT_DIR CKPT_DIR.

@@ -3,7 +3,7 @@ flight reach the engine together, masked samples count as failures, greedy engin
 checkpoint behind `c2jax.serve`, the CLI round trip (run, run, compare), order-free sampling seeds,
 and the paired bootstrap (c2jax.bench.metrics.paired_bootstrap_diff).
 
-Model: the tiny preset as the bigram machine of tests/test_serve_openai.py (greedy: a read_lints call
+Model: the tiny preset as the bigram machine of tests/serve/test_serve_openai.py (greedy: a read_lints call
 every turn), or random-init weights (sampling: varied tokens).
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def hcfg(max_turns: int = 2, max_new: int = 48):
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    """A serving checkpoint of the bigram machine (tests/test_serve_openai.py) -> (dir, params, cfg)."""
+    """A serving checkpoint of the bigram machine (tests/serve/test_serve_openai.py) -> (dir, params, cfg)."""
     from test_serve_openai import bigram_params
 
     from c2jax.model import preset

@@ -1,5 +1,5 @@
 """The full c2bench build and oracle/null runs (slow; needs the PyPI cache filled by
-`python -m c2jax.bench prefetch`). Run: python -m pytest -q -m slow tests/test_bench_full.py
+`python -m c2jax.bench prefetch`). Run: python -m pytest -q -m slow tests/bench/test_bench_full.py
 
 Same as the commands
     python -m c2jax.bench build --suite c2bench --out DIR

@@ -5,7 +5,7 @@ With the sequence split over the mesh axis ``context`` (C ranks, contiguous: ran
 token) and all-gathers only those, then up-projects keys/values for the whole sequence locally.
 Per token that moves kv_lora + rope numbers instead of H * (nope + rope + v) for a gather of
 up-projected keys/values: 576 vs 20480 for Kimi-K2, a 35.6x smaller all-gather (tested against the
-compiled HLO in tests/test_sharding_cp.py).
+compiled HLO in tests/model/parallel/test_sharding_cp.py).
 
 Causal balance: the sequence is cut into 2C half-chunks of L = S/(2C) tokens; rank r computes the
 queries of half-chunks r and 2C-1-r ("zigzag"), so every rank does (r+1) + (2C-r) = 2C+1 KV blocks

@@ -21,7 +21,7 @@ Quantise-before-dispatch (``quant``: a `kernels_pallas` block format such as 'mx
 send buffer is block-quantised, the codes and scales cross the all_to_all (about 1/4 of the f32
 bytes for 8-bit formats) and are dequantised on arrival; the backward pass sends the cotangents
 back unquantised. When the experts themselves run in low precision their kernels quantise again;
-the error of quantising twice is bounded in tests/test_sharding_ep.py.
+the error of quantising twice is bounded in tests/model/parallel/test_sharding_ep.py.
 """
 from __future__ import annotations
 
