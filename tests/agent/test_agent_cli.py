@@ -49,7 +49,7 @@ def test_cli_engine_policy_on_a_checkpoint(repo_env, tmp_path):
     from c2jax.data.chat_format import ChatFormat
     from c2jax.model import preset
     from c2jax.serve import save_serving_checkpoint
-    from test_serve_openai import bigram_params
+    from _serve_fixtures import bigram_params
 
     tok = agent_tokenizer()
     fmt = ChatFormat(tok)

@@ -5,29 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from _agent_fixtures import FIX_PATCH, chat_format, needs_bwrap, repo_env  # noqa: F401
+from _agent_fixtures import FIX_PATCH, chat_format, make_task, needs_bwrap, repo_env  # noqa: F401
 from c2jax.agent.harness import Harness
 from c2jax.agent.policies import OraclePolicy, ScriptedPolicy
 from c2jax.agent.rollout import HarnessBenchPolicy, arollout_many
-from c2jax.envs.tasks import record_from_json
 
 pytestmark = needs_bwrap
-
-HIDDEN = "from pkg.calc import add\nassert add(2, 2) == 4\nassert add(-1, 1) == 0\n"
-
-
-def make_task(env_id: str):
-    return record_from_json({
-        "instance_id": "calc-add-sign", "source": {"kind": "harbor", "package": "calc", "version": "0",
-                                                   "sha256": "", "license": "MIT"},
-        "codebase": "calc", "env_id": env_id, "category": "harbor", "subcategory": "sign",
-        "problem_statement": "add() subtracts; make it add.",
-        "test": {"runner": "script", "cmd": ["sh", "-c", "python hidden_check.py && echo 1 > reward.txt || echo 0 > reward.txt"],
-                 "report": "reward.txt"},
-        "timeouts": {"agent_s": 120, "verify_s": 60}, "limits": {"timeout_s": 60},
-        "hidden_tests": {"files": {"hidden_check.py": HIDDEN}, "FAIL_TO_PASS": ["hidden_check"], "PASS_TO_PASS": []},
-        "patch": FIX_PATCH, "protected_paths": ["hidden_check.py"], "provenance": {}, "stats": {}})
-
 
 def test_graded_rollouts_fill_reward_terms(repo_env):
     from c2jax.envs.pool import SandboxPool

@@ -50,7 +50,7 @@ def hcfg(max_turns: int = 2, max_new: int = 48):
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """A serving checkpoint of the bigram machine (tests/serve/test_serve_openai.py) -> (dir, params, cfg)."""
-    from test_serve_openai import bigram_params
+    from _serve_fixtures import bigram_params
 
     from c2jax.model import preset
     from c2jax.serve import load_serving_checkpoint, save_serving_checkpoint

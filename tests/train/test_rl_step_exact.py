@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from _agent_fixtures import agent_tokenizer, chat_format, needs_bwrap, repo_env  # noqa: F401
-from test_agent_rollout import make_task
+from _agent_fixtures import make_task
 
 pytestmark = needs_bwrap
 
