@@ -31,10 +31,10 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist", "pytest-timeout", "hypothesis",
-                 "nbclient", "nbformat", "ipykernel"],  # tests/test_notebooks.py
+                 "nbclient", "nbformat", "ipykernel"],  # tests/notebooks/test_notebooks.py
         # Reference implementations used by parity tests; torch==2.13.0 is the CPU wheel on disk.
         "torch": ["torch==2.13.0", "transformers>=5.0", "torchao==0.18.0",
-                  # checkpoint-format references for tests/test_hf_io_transformers.py
+                  # checkpoint-format references for tests/model/hf/test_hf_io_transformers.py
                   "accelerate>=1.0", "compressed-tensors>=0.12"],
         "ray": ["ray>=2.40"],
         # The exact versions the quickstart corpus is pinned to (c2jax/data/presets.py QUICKSTART_PINS,

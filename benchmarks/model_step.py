@@ -7,7 +7,7 @@
 
 Fairness, by construction:
 * Same weights, same tokens: the `small` preset (mtp_depth 0) is initialised once, written with
-  `c2jax.model.hf_io.save_pretrained` (float32) and read back by both sides: `hf_io.from_pretrained`
+  `c2jax.model.hf.io.save_pretrained` (float32) and read back by both sides: `hf_io.from_pretrained`
   for JAX, `DeepseekV3ForCausalLM.from_pretrained` for PyTorch, with transformers' defaults
   (SDPA attention, its default experts implementation; both printed).
 * Parity gate before any timing: the next-token cross-entropy and the gradient norm of every row
@@ -91,7 +91,7 @@ class JaxStep:
         import jax
         import jax.numpy as jnp
 
-        from c2jax.model.hf_io import from_pretrained
+        from c2jax.model.hf.io import from_pretrained
         from c2jax.model.transformer import apply
 
         params, cfg = from_pretrained(ckpt, load_mtp=False, **{"moe.impl": impl})
@@ -180,7 +180,7 @@ def write_inputs(d: str, batch: int, seq: int) -> None:
     import jax
 
     from c2jax.model import init, preset
-    from c2jax.model.hf_io import save_pretrained
+    from c2jax.model.hf.io import save_pretrained
 
     cfg = preset("small").replace(mtp_depth=0, **{"moe.impl": "dropless"})
     if seq > cfg.max_position_embeddings:
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
         steps = {r: make_step(r, os.path.join(d, "ckpt"), np.load(os.path.join(d, "tokens.npy"))) for r in gate_rows}
         cfg = next((s.cfg for s in steps.values() if isinstance(s, JaxStep)), None)
         if cfg is None:
-            from c2jax.model.hf_io import from_pretrained
+            from c2jax.model.hf.io import from_pretrained
             cfg = from_pretrained(os.path.join(d, "ckpt"), load_mtp=False)[1]
         print(f"small preset (mtp off), batch {args.batch} x {args.seq}; jax {jax.__version__} on "
               f"{jax.devices()[0].device_kind}; torch {steps['torch'].info()}")

@@ -154,7 +154,7 @@ def build_context(args, config: Any, rl: dict):
     from c2jax.train.state import TrainState
 
     if args.checkpoint:
-        from c2jax.serve.checkpoint import load_serving_checkpoint
+        from c2jax.sampling.checkpoint import load_serving_checkpoint
 
         params, cfg, tok = load_serving_checkpoint(args.checkpoint, tokenizer=args.tokenizer)
         model_src = f"checkpoint {args.checkpoint}"

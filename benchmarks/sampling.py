@@ -5,7 +5,7 @@ and continuous vs static batching, in one process.
     python benchmarks/sampling.py --new-tokens 64 --batches 1,8 --mixed-requests 16   # quicker
 
 1. Same weights on both sides: the `small` preset (mtp_depth 0, dropless MoE) is initialised in
-   JAX, written with `c2jax.model.hf_io.save_pretrained` and loaded by
+   JAX, written with `c2jax.model.hf.io.save_pretrained` and loaded by
    `transformers.DeepseekV3ForCausalLM.from_pretrained` (float32, transformers' default attention,
    CPU).
 2. Decode tokens/s at batch 1, 8, 32: `batch` prompts of `--prompt-len` random tokens (fresh
@@ -72,7 +72,7 @@ def greedy_agreement(ours: np.ndarray, theirs: np.ndarray) -> dict:
 def _hf_model(params, cfg, tmp):
     import torch
     from transformers import DeepseekV3ForCausalLM
-    from c2jax.model.hf_io import save_pretrained
+    from c2jax.model.hf.io import save_pretrained
 
     save_pretrained(params, cfg, tmp, dtype="float32")
     model = DeepseekV3ForCausalLM.from_pretrained(tmp, dtype=torch.float32)

@@ -4,7 +4,7 @@ ratio sharded / unsharded, for the c2jax train step on several meshes.
     XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \\
         .venv/bin/python benchmarks/scaling.py --preset tiny --batch 8 --seq 64 --steps 3
 
-Communication volume is read from the compiled HLO (`c2jax.model.comm_stats`): per-device bytes of
+Communication volume is read from the compiled HLO (`c2jax.model.parallel.comm_stats`): per-device bytes of
 every collective, loops multiplied by their trip counts, attributed to the mesh axes its replica
 groups span. Step time: median of ``--steps`` steps after a warm-up, with the one-device step
 measured in the same process as the baseline (simulated CPU devices share the host's cores, so on
@@ -29,11 +29,11 @@ if "--cpu-devices" in sys.argv:  # must be set before JAX is imported
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from c2jax.model.comm_stats import collective_stats, format_bytes  # noqa: E402
+from c2jax.model.parallel.comm_stats import collective_stats, format_bytes  # noqa: E402
 from c2jax.model.config import preset  # noqa: E402
 from c2jax.model.params_spec import logical_axes, trainable_mask  # noqa: E402
-from c2jax.model.sharding import (MeshConfig, batch_shardings, jit_train_step, make_mesh,  # noqa: E402
-                                  sharded_apply_fn, state_shardings)
+from c2jax.model.parallel.sharded import jit_train_step, sharded_apply_fn, state_shardings  # noqa: E402
+from c2jax.model.parallel.sharding import MeshConfig, batch_shardings, make_mesh  # noqa: E402
 from c2jax.model.transformer import init, segment_positions  # noqa: E402
 from c2jax.train import optim  # noqa: E402
 from c2jax.train.pretrain import model_apply_fn  # noqa: E402

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from c2jax.registry import Registry
 
@@ -22,7 +22,7 @@ from c2jax.registry import Registry
 SECTION_MODULES: dict[str, str] = {
     "model": "c2jax.model.config",
     "sampling": "c2jax.sampling.config",
-    "envs": "c2jax.envs.limits",
+    "envs": "c2jax.envs.backends",
     "train": "c2jax.train.pretrain_config",
     "cpt": "c2jax.train.pretrain_config",
     "long_context": "c2jax.train.pretrain_config",
@@ -32,13 +32,37 @@ SECTION_MODULES: dict[str, str] = {
     "smoke": "c2jax.train.smoke",
     "rl": "c2jax.rl.config_checks",
     "data": "c2jax.data.config_checks",
-    "mesh": "c2jax.model.sharding",
+    "mesh": "c2jax.model.parallel.sharding",
     "agent": "c2jax.agent.config",
     "agent_sft": "c2jax.train.agent_sft",
     "sft_matched": "c2jax.train.sft_matched",
 }
 
 VALIDATORS: Registry[Callable[["Checker", Any, Any], None]] = Registry("config_validator")
+
+
+def cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    """`cfg[key]` for ConfigDicts, dicts and other mappings alike; `default` when `cfg` is None, the
+    key is absent, or its value is None. The one config getter of the package."""
+    if cfg is None:
+        return default
+    try:
+        v = cfg[key]
+    except (KeyError, AttributeError, TypeError):
+        return default
+    return default if v is None else v
+
+
+def to_plain(x: Any) -> Any:
+    """ConfigDict / FrozenConfigDict / Mapping -> nested plain dicts (lists copied too, leaves kept);
+    anything else is returned as it is (None stays None). The one config-to-dict helper."""
+    if hasattr(x, "to_dict"):
+        x = x.to_dict()
+    if isinstance(x, Mapping):
+        return {k: to_plain(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [to_plain(v) for v in x]
+    return x
 
 
 class ConfigError(ValueError):

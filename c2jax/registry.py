@@ -67,6 +67,10 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._items)
 
+    def in_order(self) -> list[str]:
+        """Names in registration order (for choices whose order matters, e.g. build order)."""
+        return list(self._items)
+
     def __contains__(self, name: object) -> bool:
         return name in self._items
 

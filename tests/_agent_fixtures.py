@@ -1,4 +1,4 @@
-"""Shared fixtures for tests/test_agent_*.py and tests/test_serve_*.py (not collected: no test_ prefix).
+"""Shared fixtures for tests/agent/test_agent_*.py and tests/serve/test_serve_*.py (not collected: no test_ prefix).
 
 A small tokenizer trained in-process (stdlib json modules plus the tool names, under a second), a
 private environments state directory, and a tiny repository with a bug and a test script.
@@ -73,3 +73,22 @@ def repo_env():
         repo = make_repo(tempfile.mkdtemp(prefix="c2jax_agent_repo_"))
         _STATE["env"] = (repo, build_env(repo))
     return _STATE["env"]
+
+
+# A graded task over `repo_env` (a harbor-style script runner), shared by the rollout, RL-step and
+# async-RL tests.
+HIDDEN = "from pkg.calc import add\nassert add(2, 2) == 4\nassert add(-1, 1) == 0\n"
+
+
+def make_task(env_id: str):
+    from c2jax.envs.tasks import record_from_json
+    return record_from_json({
+        "instance_id": "calc-add-sign", "source": {"kind": "harbor", "package": "calc", "version": "0",
+                                                   "sha256": "", "license": "MIT"},
+        "codebase": "calc", "env_id": env_id, "category": "harbor", "subcategory": "sign",
+        "problem_statement": "add() subtracts; make it add.",
+        "test": {"runner": "script", "cmd": ["sh", "-c", "python hidden_check.py && echo 1 > reward.txt || echo 0 > reward.txt"],
+                 "report": "reward.txt"},
+        "timeouts": {"agent_s": 120, "verify_s": 60}, "limits": {"timeout_s": 60},
+        "hidden_tests": {"files": {"hidden_check.py": HIDDEN}, "FAIL_TO_PASS": ["hidden_check"], "PASS_TO_PASS": []},
+        "patch": FIX_PATCH, "protected_paths": ["hidden_check.py"], "provenance": {}, "stats": {}})

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from _agent_fixtures import agent_tokenizer, chat_format
-from test_agent_rollout import make_task
+from _agent_fixtures import make_task
 
 
 @functools.lru_cache(maxsize=None)

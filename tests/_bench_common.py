@@ -65,7 +65,7 @@ def bench_state():
 def mini() -> tuple:
     """(out_dir, tasks, stats, report) of c2bench-mini, built once per session."""
     if "mini" not in _STATE:
-        from c2jax.bench.suites import build_suite
+        from c2jax.bench.build import build_suite
 
         out = tempfile.mkdtemp(prefix="c2bench_mini_")
         with using_state():

@@ -1,4 +1,4 @@
-"""Shared helpers for tests/test_data_*.py: small tokenizers and corpora made from local files."""
+"""Shared helpers for tests/data/test_data_*.py: small tokenizers and corpora made from local files."""
 from __future__ import annotations
 
 import functools

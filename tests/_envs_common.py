@@ -1,4 +1,4 @@
-"""Shared fixtures for the tests/test_envs_*.py files (not collected itself: no test_ prefix).
+"""Shared fixtures for the tests/envs/test_envs_*.py files (not collected itself: no test_ prefix).
 
 Every test uses a private state directory (C2JAX_ENVS_DIR under pytest's tmp dir), so nothing
 touches a developer's real environment cache, and a tiny repository built into one environment.

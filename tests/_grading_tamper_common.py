@@ -1,4 +1,4 @@
-"""Shared pieces of tests/test_grading_tamper*.py (not collected: no test_ prefix).
+"""Shared pieces of tests/envs/test_grading_tamper*.py (not collected: no test_ prefix).
 
 `agent_diff` writes what a reward-hacking agent would write into its sandbox and returns the diff
 the harness would grade. `with_defences_off` grades that diff with some defences switched off: the

@@ -1,8 +1,8 @@
-"""Independent writers for synthetic HF checkpoints used by the tests/test_hf_io_*.py files.
+"""Independent writers for synthetic HF checkpoints used by the tests/model/hf/test_hf_io_*.py files.
 
 An FP8 block quantiser (per-block loops, DeepSeek's amax/448 recipe), an INT4 compressed-tensors
 packer (nibbles assembled into little-endian bytes), and a safetensors directory writer (single
-file or sharded with an index) - none of them shares code with c2jax.model.hf_formats.
+file or sharded with an index) - none of them shares code with c2jax.model.hf.formats.
 """
 from __future__ import annotations
 

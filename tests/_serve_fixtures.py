@@ -1,4 +1,4 @@
-"""Shared model fixtures for tests/test_serve_*.py (not collected: no test_ prefix).
+"""Shared model fixtures for tests/serve/test_serve_*.py (not collected: no test_ prefix).
 
 The tiny preset (random init) turned into a bigram machine so that greedy decoding is fully
 predictable: every layer's output projections are zeroed (the residual stream is the token

@@ -1,4 +1,4 @@
-"""One process of the 2-process x 4-CPU-device test (tests/test_sharding_multiprocess.py).
+"""One process of the 2-process x 4-CPU-device test (tests/model/parallel/test_sharding_multiprocess.py).
 
 Environment: C2JAX_COORDINATOR=127.0.0.1:PORT, C2JAX_NUM_PROCESSES=2, C2JAX_PROCESS_ID=p (read by
 experiments/run.py's `maybe_initialize_distributed`), argv: OUT_DIR CKPT_DIR.
@@ -28,10 +28,10 @@ def main(out_dir: str, ckpt_dir: str) -> None:
 
     from _sharding_fixtures import LOSS, packed_batch, tiny_cfg, tiny_params
     from c2jax.model.params_spec import logical_axes, trainable_mask
-    from c2jax.model.sharding import (MeshConfig, abstract_state, batch_shardings, global_batch, jit_train_step,
-                                      make_mesh, sharded_apply_fn, state_shardings)
+    from c2jax.model.parallel.sharded import abstract_state, jit_train_step, sharded_apply_fn, state_shardings
+    from c2jax.model.parallel.sharding import MeshConfig, batch_shardings, global_batch, make_mesh
     from c2jax.train import optim
-    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.checkpoint import Checkpointer
     from c2jax.train.pretrain import model_apply_fn
     from c2jax.train.state import TrainState
     from c2jax.train.step import make_train_step

@@ -4,8 +4,9 @@ import json
 import numpy as np
 import pytest
 
+from c2jax.batching import pad_batch
 from c2jax.trajectory import (EFFORT_FIELDS, Effort, Segment, ToolEvent, Trajectory, TrajectoryError,
-                              load_jsonl, pad_batch, save_jsonl)
+                              load_jsonl, save_jsonl)
 
 
 def make_segment(prompt=(1, 2, 3), completion=(4, 5, 6, 7), mask=(1, 1, 0, 1), version=3, routes=None, raw=False):

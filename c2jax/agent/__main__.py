@@ -36,7 +36,7 @@ def build_policy(args, fmt_holder: list):
         if not args.checkpoint:
             raise SystemExit("error: --policy engine needs --checkpoint PATH")
         from c2jax.sampling import Engine, EngineConfig
-        from c2jax.serve.checkpoint import load_serving_checkpoint
+        from c2jax.sampling.checkpoint import load_serving_checkpoint
 
         params, cfg, tok = load_serving_checkpoint(args.checkpoint, args.tokenizer)
         fmt = ChatFormat(tok)

@@ -14,11 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from c2jax.config import Checker, ConfigError, register_validator
-
-
-def _plain(section: Any) -> dict:
-    return section.to_dict() if hasattr(section, "to_dict") else dict(section or {})
+from c2jax.config import Checker, ConfigError, register_validator, to_plain
 
 
 def _harness_fields() -> dict[str, Any]:
@@ -41,7 +37,7 @@ def agent_config_dict(**overrides: Any) -> ml_collections.ConfigDict:
 
 @register_validator("agent")
 def validate_agent(check: Checker, section: Any, full: Any) -> None:
-    d = _plain(section)
+    d = dict(to_plain(section) or {})
     known = _harness_fields()
     for k in d:
         if k not in known:
@@ -58,7 +54,7 @@ def harness_config_from(section: Any):
     from c2jax.agent.harness import HarnessConfig
     from c2jax.agent.tools import ToolConfig
 
-    d = _plain(section)
+    d = dict(to_plain(section) or {})
     known = _harness_fields()
     d = {k: v for k, v in d.items() if k in known}
     try:

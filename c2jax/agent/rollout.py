@@ -36,7 +36,7 @@ async def arollout(harness: Harness, policy: Policy, task: TaskRecord, *, pool: 
         sb = await asyncio.to_thread(pool.acquire, task.env_id, None, **limits) if pool is not None else \
             await asyncio.to_thread(start, task.env_id, **limits)
     except SandboxError as e:
-        return _failed(task, sample, f"sandbox start: {e}")
+        return failed_episode(task, sample, f"sandbox start: {e}")
     try:
         ep = await h.arun(policy, sb, task.problem_statement, task_id=task.instance_id, group_id=task.instance_id,
                           sample_id=f"{task.instance_id}#{sample}")
@@ -57,7 +57,9 @@ async def arollout(harness: Harness, policy: Policy, task: TaskRecord, *, pool: 
     return ep
 
 
-def _failed(task: TaskRecord, sample: int, why: str) -> Episode:
+def failed_episode(task: TaskRecord, sample: int, why: str) -> Episode:
+    """An episode masked as an infrastructure failure (no policy tokens): the sample whose sandbox
+    start or rollout failed with `why`; the learner skips it, the report counts it."""
     from c2jax.trajectory import Trajectory
 
     traj = Trajectory(segments=[], task_id=task.instance_id, group_id=task.instance_id, infra_failed=True,
@@ -81,7 +83,7 @@ class HarnessBenchPolicy:
         self.harness, self.policy = harness, policy
 
     def solve(self, task: TaskRecord, sample: int):
-        from c2jax.bench.policies import Attempt
+        from c2jax.envs.tasks import Attempt
         from c2jax.envs import start
 
         t0 = time.monotonic()

@@ -1,4 +1,5 @@
-"""Cursor-shaped agent tools: JSON Schemas, argument checking, and implementations on a sandbox.
+"""Cursor-shaped agent tools: implementations on a sandbox, registered by name (`TOOL_IMPLS`); the
+schemas and argument checks are in `tool_schemas`, the text helpers in `tool_text` (re-exported here).
 
     box = Toolbox(sandbox, ToolConfig())            # or ToolConfig(bash_only=True), ToolConfig(strict=True)
     box.schemas()                                   # OpenAI `tools` list: {type: function, function: {...}}
@@ -19,36 +20,22 @@ against by a reward when its policy collapsed onto the terminal tool).
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
-import json
-import math
+import functools
 import posixpath
-import re
-from collections import Counter
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
-import jsonschema
-
+from c2jax.agent.tool_schemas import (SCHEMAS, TOOL_NAMES, ToolResult, check_arguments, compact_schema,
+                                      openai_tools, usage, validate_call)
+from c2jax.agent.tool_text import bm25_rank, format_todos, lint_python
 from c2jax.envs.errors import SandboxError, UnsafePath
+from c2jax.registry import Registry
+
+__all__ = ["SCHEMAS", "TOOL_IMPLS", "TOOL_NAMES", "ToolConfig", "ToolResult", "Toolbox", "bm25_rank",
+           "check_arguments", "compact_schema", "format_todos", "lint_python", "openai_tools", "usage",
+           "validate_call"]
 
 # ---- results and configuration ------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class ToolResult:
-    """What a tool call returns to the agent. `content` is the tool message text.
-
-    ok: False when the tool ran but reported failure (command failed, string not found, ...).
-    malformed: the call itself was ill-formed (bad JSON, unknown tool, bad arguments): the model's
-    fault, shown to it as an error message and counted as a negative.
-    """
-
-    content: str
-    ok: bool = True
-    malformed: bool = False
-    error: str | None = None
-    meta: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,209 +82,11 @@ class ToolConfig:
         return cfg
 
 
-# ---- schemas --------------------------------------------------------------------------------------
-
-def _obj(props: dict, required: Sequence[str] = ()) -> dict:
-    return {"type": "object", "properties": props, "required": list(required)}
-
-
-_S, _I, _B = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
-_EXPL = {"type": "string", "description": "One sentence: why this tool is used now."}
-
-SCHEMAS: dict[str, dict] = {
-    "read_file": {
-        "description": "Read a file of the workspace. Lines are numbered (LINE_NUMBER|TEXT). Use offset/limit "
-                       "for large files.",
-        "parameters": _obj({"target_file": {**_S, "description": "Workspace-relative path."},
-                            "offset": {**_I, "minimum": 1, "description": "First line to read (1-based)."},
-                            "limit": {**_I, "minimum": 1, "description": "Number of lines to read."}},
-                           ["target_file"])},
-    "list_dir": {
-        "description": "List the entries of a workspace directory.",
-        "parameters": _obj({"target_directory": {**_S, "description": "Workspace-relative directory ('.' = root)."},
-                            "explanation": _EXPL}, ["target_directory"])},
-    "grep": {
-        "description": "Search file contents with a regular expression (Perl syntax). Returns path:line:text "
-                       "matches, capped.",
-        "parameters": _obj({"pattern": {**_S, "description": "Regular expression."},
-                            "path": {**_S, "description": "File or directory to search (default: workspace)."},
-                            "include": {**_S, "description": "Only files matching this glob, e.g. '*.py'."},
-                            "exclude": {**_S, "description": "Skip files matching this glob."},
-                            "case_insensitive": _B,
-                            "max_matches": {**_I, "minimum": 1}},
-                           ["pattern"])},
-    "glob_file_search": {
-        "description": "Find files by glob pattern (patterns without '/' match at any depth).",
-        "parameters": _obj({"glob_pattern": _S,
-                            "target_directory": {**_S, "description": "Directory to search in (default: workspace)."}},
-                           ["glob_pattern"])},
-    "codebase_search": {
-        "description": "Search the codebase for code relevant to a natural-language query (lexical BM25 over "
-                       "file chunks).",
-        "parameters": _obj({"query": _S,
-                            "target_directories": {"type": "array", "items": _S},
-                            "explanation": _EXPL}, ["query"])},
-    "search_replace": {
-        "description": "Replace old_string by new_string in a file. old_string must occur exactly once unless "
-                       "replace_all is true.",
-        "parameters": _obj({"file_path": _S, "old_string": _S, "new_string": _S, "replace_all": _B},
-                           ["file_path", "old_string", "new_string"])},
-    "write_file": {
-        "description": "Create or overwrite a file with the given contents.",
-        "parameters": _obj({"file_path": _S, "contents": _S}, ["file_path", "contents"])},
-    "delete_file": {
-        "description": "Delete a file of the workspace.",
-        "parameters": _obj({"target_file": _S, "explanation": _EXPL}, ["target_file"])},
-    "apply_patch": {
-        "description": "Apply a unified diff (git format, paths relative to the workspace root, a/ b/ prefixes "
-                       "optional).",
-        "parameters": _obj({"patch": _S}, ["patch"])},
-    "run_terminal_cmd": {
-        "description": "Run a shell command in a persistent bash session at the workspace (cwd and variables "
-                       "persist). Long-running commands: is_background=true (output goes to a log file).",
-        "parameters": _obj({"command": _S, "is_background": _B,
-                            "timeout": {"type": "number", "exclusiveMinimum": 0,
-                                        "description": "Seconds before the command is killed."},
-                            "explanation": _EXPL}, ["command"])},
-    "read_lints": {
-        "description": "Report syntax errors and lint problems (undefined names, unused imports) of Python files "
-                       "(default: the files changed so far).",
-        "parameters": _obj({"paths": {"type": "array", "items": _S}})},
-    "todo_write": {
-        "description": "Create or update the task's to-do list. merge=true updates items by id; merge=false "
-                       "replaces the list.",
-        "parameters": _obj({"merge": _B, "todos": {"type": "array", "items": _obj(
-            {"id": _S, "content": _S,
-             "status": {"type": "string", "enum": ["pending", "in_progress", "completed", "cancelled"]}},
-            ["id", "content", "status"])}}, ["merge", "todos"])},
-}
-TOOL_NAMES: tuple[str, ...] = tuple(SCHEMAS)
-
-
-def _strict_schema(schema: Any) -> Any:
-    """The same schema with `additionalProperties: false` on every object (strict mode)."""
-    if isinstance(schema, dict):
-        out = {k: _strict_schema(v) for k, v in schema.items()}
-        if out.get("type") == "object" and "properties" in out:
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [_strict_schema(v) for v in schema]
-    return schema
-
-
-def compact_schema(params: dict) -> dict:
-    """The declaration of a tool's parameters reduced to the required ones, without descriptions
-    (the calls the tool accepts are unchanged: argument checking uses the full schema)."""
-    req = list(params.get("required", []))
-    props = {k: {kk: vv for kk, vv in v.items() if kk != "description"} for k, v in params["properties"].items()
-             if k in req}
-    return {"type": "object", "properties": props, "required": req}
-
-
-def openai_tools(names: Sequence[str], strict: bool = False, compact: bool = False) -> list[dict]:
-    """OpenAI `tools` entries for `names` (the form sent to endpoints and rendered into the prompt).
-
-    `compact`: only required parameters and no descriptions (a few dozen tokens per tool, for the
-    ~1k-token contexts of tiny models; see ToolConfig.compact_declarations)."""
-    out = []
-    for n in names:
-        params = _strict_schema(SCHEMAS[n]["parameters"]) if strict else SCHEMAS[n]["parameters"]
-        if compact:
-            out.append({"type": "function", "function": {"name": n, "parameters": compact_schema(params)}})
-            continue
-        out.append({"type": "function", "function": {"name": n, "description": SCHEMAS[n]["description"],
-                                                      "parameters": params}})
-    return out
-
-
-# ---- argument checking ----------------------------------------------------------------------------
-
-_VALIDATORS: dict[tuple[str, bool], jsonschema.protocols.Validator] = {}
-
-
-def _validator(name: str, strict: bool):
-    key = (name, strict)
-    if key not in _VALIDATORS:
-        schema = SCHEMAS[name]["parameters"]
-        _VALIDATORS[key] = jsonschema.Draft202012Validator(_strict_schema(schema) if strict else schema)
-    return _VALIDATORS[key]
-
-
-def _coerce(value: Any, schema: Mapping[str, Any]) -> Any:
-    """Lenient mode: numeric strings for integers/numbers, 'true'/'false' for booleans."""
-    t = schema.get("type")
-    if isinstance(value, str):
-        s = value.strip()
-        if t == "integer" and re.fullmatch(r"[+-]?\d+", s):
-            return int(s)
-        if t == "number":
-            try:
-                f = float(s)
-                if math.isfinite(f):
-                    return f
-            except ValueError:
-                pass
-        if t == "boolean" and s.lower() in ("true", "false"):
-            return s.lower() == "true"
-    if t == "integer" and isinstance(value, float) and value.is_integer() and math.isfinite(value):
-        return int(value)
-    return value
-
-
-def check_arguments(name: str, arguments: str, strict: bool) -> tuple[dict | None, str | None]:
-    """Parse and check a call's raw JSON arguments -> (args, None) or (None, error message)."""
-    if not isinstance(arguments, str):
-        return None, f"arguments must be a JSON object string, got {type(arguments).__name__}"
-    text = arguments.strip()
-    if not text and not SCHEMAS[name]["parameters"].get("required"):
-        text = "{}"
-    try:
-        args = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        return None, f"arguments are not valid JSON ({e if not isinstance(e, RecursionError) else 'nested too deeply'})"
-    if not isinstance(args, dict):
-        return None, f"arguments must be a JSON object, got {type(args).__name__}"
-    props = SCHEMAS[name]["parameters"]["properties"]
-    if not strict:
-        args = {k: (_coerce(v, props[k]) if k in props else v) for k, v in args.items()}
-        args = {k: v for k, v in args.items() if k in props}  # unknown arguments ignored
-    try:
-        errors = sorted(_validator(name, strict).iter_errors(args), key=lambda e: list(e.absolute_path))
-    except RecursionError:
-        return None, "arguments are nested too deeply"
-    if errors:
-        msgs = []
-        for e in errors[:3]:
-            where = ".".join(str(p) for p in e.absolute_path) or "arguments"
-            msgs.append(f"{where}: {e.message[:200]}")
-        return None, "; ".join(msgs)
-    return args, None
-
-
-def usage(name: str) -> str:
-    p = SCHEMAS[name]["parameters"]
-    req = set(p.get("required", ()))
-    parts = [f"{k}{'' if k in req else '?'}: {v.get('type', 'any')}" for k, v in p["properties"].items()]
-    return f"{name}({', '.join(parts)})"
-
-
-def validate_call(name: Any, arguments: Any, names: Sequence[str], strict: bool = False
-                  ) -> tuple[dict | None, ToolResult | None]:
-    """-> (checked arguments, None) or (None, the malformed-call message for the agent). Never raises."""
-    if not isinstance(name, str) or name not in names:
-        shown = repr(name)[:80]
-        why = "is not available in this environment" if name in TOOL_NAMES else "does not exist"
-        msg = f"Error: tool {shown} {why}. Available tools: {', '.join(names)}."
-        return None, ToolResult(msg, ok=False, malformed=True, error="unknown_tool")
-    args, err = check_arguments(name, arguments, strict)
-    if err is not None:
-        return None, ToolResult(f"Error: invalid arguments for {name}: {err}. Usage: {usage(name)}",
-                                ok=False, malformed=True, error="bad_arguments")
-    return args, None
-
-
 # ---- the toolbox ----------------------------------------------------------------------------------
+
+# Tool name -> implementation `fn(toolbox, checked arguments) -> ToolResult`; the `Toolbox` methods
+# below register themselves, and every name of `SCHEMAS` must have exactly one (checked at import).
+TOOL_IMPLS: Registry[Callable[["Toolbox", dict], ToolResult]] = Registry("agent_tool")
 
 TODO_STATUSES = ("pending", "in_progress", "completed", "cancelled")
 
@@ -330,7 +119,8 @@ class Toolbox:
         self.todos: list[dict] = []
         self._shell = None
         self._bg = 0
-        self._impl: dict[str, Callable[[dict], ToolResult]] = {n: getattr(self, f"_t_{n}") for n in TOOL_NAMES}
+        self._impl: dict[str, Callable[[dict], ToolResult]] = {
+            n: functools.partial(TOOL_IMPLS.get(n), self) for n in TOOL_NAMES}
 
     def schemas(self) -> list[dict]:
         return openai_tools(self.names, self.config.strict, self.config.compact_declarations)
@@ -366,6 +156,7 @@ class Toolbox:
             return ToolResult(f"Error: {type(e).__name__}: {e}", ok=False, error="tool_error")
 
     # ---- file tools ----
+    @TOOL_IMPLS.register("read_file")
     def _t_read_file(self, a: dict) -> ToolResult:
         c = self.config
         path = _norm_path(a["target_file"])
@@ -391,6 +182,7 @@ class Toolbox:
             notes.append(f"[file cut at {c.read_max_bytes} bytes]")
         return ToolResult(body + ("\n" + "\n".join(notes) if notes else ""), meta={"lines": len(shown)})
 
+    @TOOL_IMPLS.register("list_dir")
     def _t_list_dir(self, a: dict) -> ToolResult:
         path = _norm_path(a["target_directory"])
         entries = sorted(self.sb.list_dir(path), key=lambda e: (e["type"] != "dir", e["name"]))
@@ -408,6 +200,7 @@ class Toolbox:
             lines.append(f"... {len(entries) - 500} more entries")
         return ToolResult("\n".join(lines))
 
+    @TOOL_IMPLS.register("glob_file_search")
     def _t_glob_file_search(self, a: dict) -> ToolResult:
         pat = a["glob_pattern"].strip()
         base = _norm_path(a.get("target_directory", ""))
@@ -423,6 +216,7 @@ class Toolbox:
         more = f"\n[first {lim} results]" if len(hits) > lim else ""
         return ToolResult("\n".join(hits[:lim]) + more)
 
+    @TOOL_IMPLS.register("search_replace")
     def _t_search_replace(self, a: dict) -> ToolResult:
         path = _norm_path(a["file_path"])
         old, new = a["old_string"], a["new_string"]
@@ -444,6 +238,7 @@ class Toolbox:
         self.sb.write_file(path, text.replace(old, new) if a.get("replace_all") else text.replace(old, new, 1))
         return ToolResult(f"Replaced {n if a.get('replace_all') else 1} occurrence(s) in {path}.")
 
+    @TOOL_IMPLS.register("write_file")
     def _t_write_file(self, a: dict) -> ToolResult:
         path = _norm_path(a["file_path"])
         if not path:
@@ -451,6 +246,7 @@ class Toolbox:
         self.sb.write_file(path, a["contents"])
         return ToolResult(f"Wrote {len(a['contents'].encode())} bytes to {path}.")
 
+    @TOOL_IMPLS.register("delete_file")
     def _t_delete_file(self, a: dict) -> ToolResult:
         path = _norm_path(a["target_file"])
         if not path or path.startswith("../") or path == "..":
@@ -462,6 +258,7 @@ class Toolbox:
             return ToolResult(f"Error: cannot delete {path}: {msg}", ok=False, error="delete_failed")
         return ToolResult(f"Deleted {path}.")
 
+    @TOOL_IMPLS.register("apply_patch")
     def _t_apply_patch(self, a: dict) -> ToolResult:
         patch = a["patch"]
         if not patch.endswith("\n"):
@@ -477,6 +274,7 @@ class Toolbox:
         return ToolResult("Error: the patch does not apply:\n" + _cut(errs[0], 4000)[0], ok=False, error="patch_failed")
 
     # ---- search tools ----
+    @TOOL_IMPLS.register("grep")
     def _t_grep(self, a: dict) -> ToolResult:
         c = self.config
         path = _norm_path(a.get("path", "")) or "."
@@ -504,6 +302,7 @@ class Toolbox:
         more = f"\n[{len(lines) - cap}+ more matches not shown]" if len(lines) > cap or r.stdout_truncated else ""
         return ToolResult("\n".join(shown) + more, meta={"matches": min(len(lines), cap)})
 
+    @TOOL_IMPLS.register("codebase_search")
     def _t_codebase_search(self, a: dict) -> ToolResult:
         c = self.config
         dirs = [_norm_path(d) for d in a.get("target_directories") or [""]]
@@ -539,6 +338,7 @@ class Toolbox:
             self._shell = self.sb.shell()
         return self._shell
 
+    @TOOL_IMPLS.register("run_terminal_cmd")
     def _t_run_terminal_cmd(self, a: dict) -> ToolResult:
         c = self.config
         cmd = a["command"]
@@ -568,6 +368,7 @@ class Toolbox:
                           meta={"exit_code": r.exit_code, "duration_s": r.duration_s})
 
     # ---- lints and to-dos ----
+    @TOOL_IMPLS.register("read_lints")
     def _t_read_lints(self, a: dict) -> ToolResult:
         paths = a.get("paths")
         if paths is None:
@@ -588,6 +389,7 @@ class Toolbox:
         return ToolResult("\n".join(report) if report else f"No lint errors in {len(paths)} file(s).",
                           meta={"problems": len(report)})
 
+    @TOOL_IMPLS.register("todo_write")
     def _t_todo_write(self, a: dict) -> ToolResult:
         items = [{"id": t["id"], "content": t["content"], "status": t["status"]} for t in a["todos"]]
         if a["merge"]:
@@ -603,116 +405,7 @@ class Toolbox:
         return ToolResult("To-do list:\n" + format_todos(self.todos) if self.todos else "To-do list is empty.")
 
 
-def format_todos(todos: Sequence[Mapping[str, str]]) -> str:
-    return "\n".join(f"- [{t['status']}] {t['id']}: {t['content']}" for t in todos)
-
-
-# ---- offline search and lints --------------------------------------------------------------------
-
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
-
-
-def _terms(text: str) -> list[str]:
-    """Identifiers split on snake_case and camelCase, lower-cased."""
-    out = []
-    for w in _WORD.findall(text):
-        parts = [p for p in re.split(r"_|(?<=[a-z0-9])(?=[A-Z])", w) if p]
-        out += [p.lower() for p in parts]
-        if len(parts) > 1:
-            out.append(w.lower())
-    return out
-
-
-def bm25_rank(query: str, docs: Sequence[str], k: int, k1: float = 1.2, b: float = 0.75) -> list[tuple[int, float]]:
-    """Top-`k` (doc index, BM25 score) for `query`; documents with score 0 are dropped."""
-    q = set(_terms(query))
-    if not q or not docs:
-        return []
-    tfs = [Counter(_terms(d)) for d in docs]
-    lens = [sum(t.values()) for t in tfs]
-    avg = sum(lens) / len(lens) or 1.0
-    n = len(docs)
-    df = {t: sum(1 for tf in tfs if t in tf) for t in q}
-    scores = []
-    for i, tf in enumerate(tfs):
-        s = 0.0
-        for t in q:
-            f = tf.get(t, 0)
-            if f:
-                idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
-                s += idf * f * (k1 + 1) / (f + k1 * (1 - b + b * lens[i] / avg))
-        if s > 0:
-            scores.append((i, s))
-    scores.sort(key=lambda x: (-x[1], x[0]))
-    return scores[:k]
-
-
-def lint_python(src: str, path: str = "<file>") -> list[tuple[int, str]]:
-    """Syntax errors, undefined names and unused imports of one module (static: nothing is executed)."""
-    try:
-        tree = ast.parse(src, path)
-        compile(tree, path, "exec", dont_inherit=True)
-    except SyntaxError as e:
-        return [(e.lineno or 0, f"SyntaxError: {e.msg}")]
-    except (ValueError, RecursionError) as e:
-        return [(0, f"cannot parse: {e}")]
-    import builtins
-
-    defined = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__builtins__", "__spec__", "__path__"}
-    imported: dict[str, int] = {}
-    used: set[str] = set()
-    star = False
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
-                continue
-            for al in node.names:
-                if al.name == "*":
-                    star = True
-                    continue
-                nm = (al.asname or al.name).split(".")[0]
-                defined.add(nm)
-                imported.setdefault(nm, node.lineno)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            defined.add(node.name)
-            args = node.args if not isinstance(node, ast.ClassDef) else None
-            if args is not None:
-                for x in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
-                    if x is not None:
-                        defined.add(x.arg)
-        elif isinstance(node, ast.Lambda):
-            for x in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
-                defined.add(x.arg)
-        elif isinstance(node, ast.Name):
-            if isinstance(node.ctx, (ast.Store, ast.Del)):
-                defined.add(node.id)
-            else:
-                used.add(node.id)
-        elif isinstance(node, ast.arg):
-            defined.add(node.arg)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            defined.add(node.name)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            defined.update(node.names)
-        elif isinstance(node, ast.alias):
-            pass
-        elif isinstance(node, ast.MatchAs) and node.name:
-            defined.add(node.name)
-        elif isinstance(node, ast.Attribute):
-            pass
-    exported = set()
-    for node in ast.walk(tree):  # names listed in __all__ count as used
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-            if isinstance(node.value, (ast.List, ast.Tuple)):
-                exported |= {e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
-    problems = []
-    if not star:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in defined:
-                problems.append((node.lineno, f"undefined name {node.id!r}"))
-    if not path.endswith("__init__.py"):
-        for nm, ln in imported.items():
-            if nm not in used and nm not in exported:
-                problems.append((ln, f"{nm!r} imported but unused"))
-    lines = src.splitlines()
-    return sorted({(ln, m) for ln, m in problems if not (0 < ln <= len(lines) and "# noqa" in lines[ln - 1])})
+if set(TOOL_IMPLS.names()) != set(TOOL_NAMES):  # a schema without an implementation, or the reverse
+    raise ImportError(f"agent tools: schemas {sorted(set(TOOL_NAMES) - set(TOOL_IMPLS.names()))} have no "
+                      f"implementation; implementations {sorted(set(TOOL_IMPLS.names()) - set(TOOL_NAMES))} "
+                      "have no schema")

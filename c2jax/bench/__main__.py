@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-materialize", action="store_true",
                    help="do not re-create missing task environments first (their samples are masked)")
     g = p.add_argument_group("agent policies (engine | openai): c2jax.bench.agent_eval")
-    g.add_argument("--checkpoint", help="engine: serving/training checkpoint dir (c2jax.serve.checkpoint)")
+    g.add_argument("--checkpoint", help="engine: serving/training checkpoint dir (c2jax.sampling.checkpoint)")
     g.add_argument("--tokenizer", help="tokenizer.json (default: CHECKPOINT/tokenizer.json)")
     g.add_argument("--model-preset", help="engine: model preset for an Orbax checkpoint without model.json")
     g.add_argument("--base-url", help="openai: the endpoint, e.g. http://127.0.0.1:8000/v1")
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         print(heldout.write(a.out))
         return 0
     if a.cmd == "build":
-        from c2jax.bench.suites import GENERATED_SUITES, SUITES, build_suite, format_stats
+        from c2jax.bench.build import build_suite
+        from c2jax.bench.suites import GENERATED_SUITES, SUITES, format_stats
 
         if a.suite not in SUITES and a.suite not in GENERATED_SUITES:
             print(f"unknown suite {a.suite!r}; known: {sorted(SUITES) + sorted(GENERATED_SUITES)}", file=sys.stderr)

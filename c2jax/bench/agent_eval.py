@@ -95,7 +95,7 @@ def task_row(task: TaskRecord, samples: list[dict[str, Any]]) -> dict[str, Any]:
             "split": task.split, "samples": sorted(samples, key=lambda s: s["sample"])}
 
 
-def _ensure_threads(n: int) -> None:
+def ensure_threads(n: int) -> None:
     """Give the running loop's default executor >= n workers (sandbox starts, tools, grading run in
     `asyncio.to_thread`; the stock executor has min(32, cpus + 4), so pool waits could starve it)."""
     loop = asyncio.get_running_loop()
@@ -117,16 +117,16 @@ async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any
     ``max_in_flight_seen`` (the most episodes in flight together) and ``episodes``.
     """
     from c2jax.agent.rollout import arollout
-    from c2jax.bench.run import _load_journal, task_digest
+    from c2jax.bench.run import load_journal, task_digest
 
     if k < 1 or max_in_flight < 1:
         raise ValueError(f"need k >= 1 and max_in_flight >= 1 (k={k}, max_in_flight={max_in_flight})")
     key = journal_key or getattr(policy, "name", "agent")
-    done = _load_journal(journal, key, k) if journal else {}
+    done = load_journal(journal, key, k) if journal else {}
     digests = [task_digest(t) for t in tasks] if journal else [""] * len(tasks)
     rows: list[dict[str, Any] | None] = [done.get((t.instance_id, d)) for t, d in zip(tasks, digests)]
     todo = [i for i, r in enumerate(rows) if r is None]
-    _ensure_threads(2 * max_in_flight + 8)
+    ensure_threads(2 * max_in_flight + 8)
     sem = asyncio.Semaphore(max_in_flight)
     st = stats if stats is not None else {}
     st.update(max_in_flight_seen=0, episodes=0, exceptions=0)
@@ -302,7 +302,7 @@ def build_agent(policy: str, *, checkpoint: str | None = None, tokenizer: str | 
     if policy == "engine":
         from c2jax.agent.policies import EnginePolicy
         from c2jax.sampling import Engine, EngineConfig
-        from c2jax.serve.checkpoint import load_serving_checkpoint
+        from c2jax.sampling.checkpoint import load_serving_checkpoint
 
         if not checkpoint:
             raise ValueError("--policy engine needs --checkpoint DIR")

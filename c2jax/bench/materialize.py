@@ -22,7 +22,8 @@ import tempfile
 import time
 from typing import Any, Sequence
 
-from c2jax.envs import derive_env, images
+from c2jax.envs import derive_env
+from c2jax.envs.images import env_exists, missing_envs
 from c2jax.envs.synth.build import BuildContext, codebase_env, hide_env, runner_env
 from c2jax.envs.synth.patches import apply_patch_host, make_patch
 from c2jax.envs.synth.sources import Codebase
@@ -32,23 +33,6 @@ log = logging.getLogger(__name__)
 
 # Record kinds whose environments this module can re-create (synthesised tasks).
 SYNTH_KINDS = ("stdlib", "pypi", "installed")
-
-
-def env_exists(env_id: str) -> bool:
-    """The environment and every layer under it are in this machine's environment cache."""
-    meta = os.path.join(images.images_dir(), env_id, "meta.json")
-    if not os.path.exists(meta):
-        return False
-    try:
-        layers = images.load(env_id).meta.get("layers", [])
-    except Exception:  # noqa: BLE001 - an unreadable meta.json is as good as missing
-        return False
-    return all(os.path.exists(os.path.join(images.images_dir(), x, "meta.json")) for x in layers)
-
-
-def missing_envs(tasks: Sequence[TaskRecord]) -> list[TaskRecord]:
-    """The tasks whose agent environment is not in this machine's environment cache."""
-    return [t for t in tasks if not env_exists(t.env_id)]
 
 
 def agent_base_patch(cb: Codebase, task: TaskRecord) -> str:

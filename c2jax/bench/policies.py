@@ -6,21 +6,12 @@ model driving c2jax's tools in the task's sandbox, returning `Sandbox.diff()`.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Protocol
 
-from c2jax.envs.tasks import TaskRecord
+from c2jax.envs.tasks import Attempt, TaskRecord
 from c2jax.registry import Registry
 
 POLICIES = Registry("bench_policies")
-
-
-@dataclasses.dataclass
-class Attempt:
-    diff: str
-    tokens: int = 0
-    wall_s: float = 0.0
-    info: dict = dataclasses.field(default_factory=dict)
 
 
 class Policy(Protocol):

@@ -36,7 +36,7 @@ def task_digest(task: TaskRecord) -> str:
     return hashlib.sha256(json.dumps(task.to_json(), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _load_journal(path: str, policy: str, k: int) -> dict[tuple[str, str], dict[str, Any]]:
+def load_journal(path: str, policy: str, k: int) -> dict[tuple[str, str], dict[str, Any]]:
     """Finished task rows of an earlier (killed) run with the same policy and k; a torn last line is ignored."""
     done: dict[tuple[str, str], dict[str, Any]] = {}
     if not os.path.exists(path):
@@ -61,7 +61,7 @@ def run_policy(tasks: Sequence[TaskRecord], policy: Policy, k: int = 1, workers:
     same journal, policy and k reuses the rows of identical tasks and runs only the rest, so a
     killed run resumes where it stopped. progress: a progress bar (tqdm) on stderr.
     """
-    done = _load_journal(journal, policy.name, k) if journal else {}
+    done = load_journal(journal, policy.name, k) if journal else {}
     lock = threading.Lock()
     jf = open(journal, "a", encoding="utf-8") if journal else None
 

@@ -30,11 +30,12 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from c2jax.atomic import atomic_write_json
 from c2jax.data import tokenizer as T
 from c2jax.data.chat_format import ChatFormat, Message
 from c2jax.data.corpus import SPLITS, Corpus, CorpusError, build_corpus, cfg_get, source_order
 from c2jax.data.shards import FORMAT_VERSION, ShardError, ShardReader, ShardWriter, read_meta
-from c2jax.data.sources import Document
+from c2jax.data.documents import Document
 
 TOKENIZER_FORMAT = 1
 BATCH_DOCS = 512  # documents tokenised and committed per shard batch (the resume granularity)
@@ -80,11 +81,7 @@ class BuiltData:
 
     def save(self, path: str) -> str:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(asdict(self), f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-        return path
+        return atomic_write_json(path, asdict(self), indent=1, sort_keys=True)
 
     @classmethod
     def load(cls, path: str) -> "BuiltData":

@@ -326,7 +326,7 @@ class ChatFormat:
                 name = header.strip()
                 errors.append(f"tool call {n}: header {header[:60]!r} is not 'functions.NAME:IDX'")
             # An empty header still needs an id: the harness answers every call with a tool message
-            # that names it (found by tests/test_agent_fuzz_episodes.py: `<calls_begin><call_begin>`).
+            # that names it (found by tests/agent/test_agent_fuzz_episodes.py: `<calls_begin><call_begin>`).
             call = ToolCall(id=header.strip() or f"malformed:{n}", name=name, arguments=args)
             try:
                 call.parsed_arguments()

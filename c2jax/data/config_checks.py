@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from c2jax.config import Checker, register_validator
+from c2jax.config import Checker, cfg_get, register_validator
 from c2jax.data.loader import DataError
 
 COPYLEFT_PREFIXES = ("GPL", "LGPL", "AGPL", "MPL", "EPL", "CDDL", "EUPL", "OSL", "CC-BY-SA")
@@ -61,11 +61,11 @@ def validate_data(check: Checker, data: Any, full: Any) -> None:
             continue
         total += w
         for k in ("max_bytes", "held_out_max_bytes"):
-            v = _get(scfg, k)
+            v = cfg_get(scfg, k)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 check.error(f"sources.{name}.{k}", f"must be an integer >= 0, got {v!r}")
         if name == "transcripts":
-            paths = list(_get(scfg, "paths", []) or [])
+            paths = list(cfg_get(scfg, "paths", []) or [])
             if w > 0 and not paths:
                 check.error(f"sources.{name}.paths", "source has a positive weight but no transcript files "
                             "(missing or empty source)")
@@ -75,19 +75,19 @@ def validate_data(check: Checker, data: Any, full: Any) -> None:
                 elif os.path.getsize(p) == 0:
                     check.error(f"sources.{name}.paths", f"{p} is empty")
         if name == "sft_synth":
-            for k in list(_get(scfg, "kinds", []) or []):
+            for k in list(cfg_get(scfg, "kinds", []) or []):
                 if k not in KINDS:
                     check.error(f"sources.{name}.kinds", f"unknown kind {k!r}; known: {list(KINDS)}")
-            for s in list(_get(scfg, "from_sources", ["stdlib_code", "package_code"]) or []):
+            for s in list(cfg_get(scfg, "from_sources", ["stdlib_code", "package_code"]) or []):
                 if s not in dict(entries):
                     check.error(f"sources.{name}.from_sources", f"{s!r} is not among data.sources")
         if name in ("package_code", "package_docs"):
-            pk = _get(scfg, "packages", ["*"])
+            pk = cfg_get(scfg, "packages", ["*"])
             if isinstance(pk, str) or not list(pk):
                 check.error(f"sources.{name}.packages", f"must be a non-empty list of names or globs, got {pk!r}")
     if entries and total <= 0:
         check.error("sources", "no source has a positive weight")
-    lic = _get(data, "licences")
+    lic = cfg_get(data, "licences")
     if lic is not None:
         lic = list(lic)
         if not lic or not all(isinstance(x, str) for x in lic):
@@ -95,45 +95,45 @@ def validate_data(check: Checker, data: Any, full: Any) -> None:
         for x in lic:
             if isinstance(x, str) and x.upper().startswith(COPYLEFT_PREFIXES):
                 check.warn("licences", f"{x} is not a permissive licence")
-    ho = _get(data, "held_out")
+    ho = cfg_get(data, "held_out")
     if ho is not None:
-        f = _get(ho, "packages_file", "")
+        f = cfg_get(ho, "packages_file", "")
         if f and not os.path.exists(f):
             check.error("held_out.packages_file", f"{f} does not exist")
-        pk = _get(ho, "packages", [])
+        pk = cfg_get(ho, "packages", [])
         if isinstance(pk, str):
             check.error("held_out.packages", f"must be a list of package names, got the string {pk!r}")
         elif not list(pk or []) and not f:
             check.warn("held_out", "no held-out packages: held-out loss will be measured on nothing")
     check.int_range(data, "max_file_bytes", 1, None, optional=True)
     check.choice(data, "vendored", ("drop", "attribute"), optional=True)
-    tok = _get(data, "tokenizer")
+    tok = cfg_get(data, "tokenizer")
     vocab = None
     if tok is not None:
         vocab = _sub(check, "tokenizer", lambda c: c.int_range(tok, "vocab_size", MIN_VOCAB, 1 << 24, optional=True))
-        path = _get(tok, "path", "")
+        path = cfg_get(tok, "path", "")
         if path and not os.path.exists(path):
             check.error("tokenizer.path", f"{path} does not exist")
-    sh = _get(data, "shards")
+    sh = cfg_get(data, "shards")
     if sh is not None:
-        c = _get(sh, "chunk_tokens")
+        c = cfg_get(sh, "chunk_tokens")
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 256):
             check.error("shards.chunk_tokens", f"must be an integer >= 256, got {c!r}")
-        comp = _get(sh, "compression")
+        comp = cfg_get(sh, "compression")
         if comp is not None and comp not in ("zstd", "raw"):
             check.error("shards.compression", f"must be one of ['zstd', 'raw'], got {comp!r}")
-    for name, p in _items(_get(data, "packing")):
+    for name, p in _items(cfg_get(data, "packing")):
         if p not in ("stream", "whole"):
             check.error(f"packing.{name}", f"must be 'stream' or 'whole', got {p!r}")
     seq_len = check.int_range(data, "seq_len", 1, None, optional=True)
     check.int_range(data, "batch_size", 1, None, optional=True)
-    model = _get(full, "model") if full is not None else None
+    model = cfg_get(full, "model") if full is not None else None
     if model is not None:
-        mv = _get(model, "vocab_size")
+        mv = cfg_get(model, "vocab_size")
         if vocab is not None and isinstance(mv, int) and vocab > mv:
             check.error("tokenizer.vocab_size", f"{vocab} ids do not fit model.vocab_size {mv} "
                         "(set model.vocab_size to the tokenizer's vocab_size)")
-        mp = _get(model, "max_position_embeddings")
+        mp = cfg_get(model, "max_position_embeddings")
         if seq_len is not None and isinstance(mp, int) and seq_len > mp:
             check.error("seq_len", f"{seq_len} is beyond the model's positions (model.max_position_embeddings={mp})")
 
@@ -145,16 +145,6 @@ def _sub(check: Checker, key: str, fn):
     check.problems.extend(sub.problems)
     check.warnings.extend(sub.warnings)
     return out
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if cfg is None:
-        return default
-    try:
-        v = cfg[key]
-    except (KeyError, AttributeError, TypeError):
-        return default
-    return default if v is None else v
 
 
 # ---- checks the training loop calls after `build` ----------------------------------------------

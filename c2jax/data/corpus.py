@@ -40,6 +40,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+from c2jax.config import cfg_get
 from c2jax.data import licences
 from c2jax.data.pins import check_pins
 from c2jax.data.sources import (SOURCES, Candidate, Document, SourceContext, matches_any,
@@ -51,17 +52,6 @@ SPLITS = ("train", "heldout")
 
 class CorpusError(ValueError):
     """The corpus cannot be built as configured (unknown source, empty source, bad held-out file)."""
-
-
-def cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    """`cfg.key` for ConfigDicts and dicts alike, `default` when absent or None."""
-    if cfg is None:
-        return default
-    try:
-        v = cfg[key]
-    except (KeyError, AttributeError, TypeError):
-        return default
-    return default if v is None else v
 
 
 def _to_plain(x: Any) -> Any:

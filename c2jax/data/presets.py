@@ -23,7 +23,7 @@ DEFAULT_HELD_OUT = ("rich", "stdlib:json", "stdlib:email")
 # The quickstart's sources, by exact version (`c2jax.data.pins`): the standard library of this Python
 # and packages that `pip install -e .` always installs (setup.py install_requires, plus rich's own
 # dependencies). Nothing else installed on a machine can enter the quickstart corpus, and a version
-# difference is an error naming it, so the manifest hash (tests/test_data_corpus_pin.py) and the
+# difference is an error naming it, so the manifest hash (tests/data/test_data_corpus_pin.py) and the
 # held-out margin are the same on every machine that builds it. The `quickstart-corpus` extra in
 # setup.py installs exactly these versions.
 QUICKSTART_PINS = {

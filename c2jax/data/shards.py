@@ -29,6 +29,8 @@ from typing import Any, Sequence
 import numpy as np
 import tensorstore as ts
 
+from c2jax.atomic import atomic_write_json
+
 FORMAT_VERSION = 1
 ARRAYS = ("tokens", "loss_mask", "doc_offsets", "doc_source", "doc_package")
 DIGEST_BLOCK = 1 << 20  # elements per checksum block
@@ -63,12 +65,7 @@ def _open(path: str, **kw) -> ts.TensorStore:
 
 
 def _write_json(path: str, obj: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_json(path, obj, fsync=True, indent=1, sort_keys=True)
 
 
 def block_digests(arr: ts.TensorStore | np.ndarray, n: int) -> list[str]:

@@ -39,7 +39,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
+from c2jax.config import cfg_get
 from c2jax.data import licences
+from c2jax.data.documents import Candidate, Document
 from c2jax.registry import Registry
 
 VENDOR_DIRS = ("_vendor", "vendor", "_vendored", "vendored", "extern", "_extern", "third_party", "_bundled")
@@ -62,58 +64,6 @@ def matches_any(package: str, patterns: Iterable[str]) -> bool:
     """True if `package` equals or glob-matches one of `patterns` (both normalised)."""
     p = normalize_package(package)
     return any(fnmatch.fnmatchcase(p, normalize_package(q)) for q in patterns)
-
-
-@dataclass
-class Candidate:
-    """A document not yet read: enough metadata to filter it, and `load()` to get its text.
-
-    `load()` returns the text, or ``(text, sha256 of the file it was derived from)`` for derived
-    text such as docstrings (so dedup can drop text derived from a held-out file), or None.
-    """
-
-    source: str
-    package: str
-    path: str
-    licence: str
-    size: int
-    load: Callable[[], Any]
-    kind: str = "text"
-    vendored_in: str | None = None
-
-
-@dataclass
-class Document:
-    """A corpus document; `sha256` of the text is its identity for exact-duplicate removal."""
-
-    text: str
-    source: str
-    package: str
-    path: str
-    licence: str
-    kind: str = "text"
-    vendored_in: str | None = None
-    split: str = "train"
-    sha256: str = ""
-    origin_sha256: str | None = None  # the file a derived document (docstrings, SFT) came from
-
-    def __post_init__(self):
-        if not self.sha256:
-            self.sha256 = hashlib.sha256(self.text.encode("utf-8", "surrogatepass")).hexdigest()
-
-    def record(self, with_text: bool = True) -> dict:
-        d = {"source": self.source, "package": self.package, "path": self.path, "licence": self.licence,
-             "kind": self.kind, "vendored_in": self.vendored_in, "split": self.split, "sha256": self.sha256,
-             "origin_sha256": self.origin_sha256, "bytes": len(self.text.encode("utf-8", "surrogatepass"))}
-        if with_text:
-            d["text"] = self.text
-        return d
-
-    @classmethod
-    def from_record(cls, d: dict) -> "Document":
-        return cls(text=d["text"], source=d["source"], package=d["package"], path=d["path"], licence=d["licence"],
-                   kind=d.get("kind", "text"), vendored_in=d.get("vendored_in"), split=d.get("split", "train"),
-                   sha256=d.get("sha256", ""), origin_sha256=d.get("origin_sha256"))
 
 
 @dataclass
@@ -147,16 +97,6 @@ def register_source(name: str, kind: str = "text", derived: bool = False, descri
         return fn
 
     return deco
-
-
-def _get(cfg: Any, key: str, default: Any) -> Any:
-    if cfg is None:
-        return default
-    try:
-        v = cfg[key] if not hasattr(cfg, "get") else cfg.get(key, default)
-    except (KeyError, AttributeError):
-        return default
-    return default if v is None else v
 
 
 def read_text(path: str) -> str | None:
@@ -195,8 +135,8 @@ def stdlib_root() -> str:
 
 @register_source("stdlib_code", description="Python source of the standard library")
 def stdlib_code(cfg: Any, ctx: SourceContext) -> Iterator[Candidate]:
-    root = _get(cfg, "root", "") or stdlib_root()
-    skip = set(_get(cfg, "skip", STDLIB_SKIP))
+    root = cfg_get(cfg, "root", "") or stdlib_root()
+    skip = set(cfg_get(cfg, "skip", STDLIB_SKIP))
     for rel in _walk_py(root, skip):
         top = rel.split("/")[0]
         top = top[:-3] if top.endswith(".py") else top
@@ -266,8 +206,8 @@ def installed_dists(patterns: Iterable[str] = ("*",), exclude: Iterable[str] = (
 
 
 def _dists(cfg: Any) -> list[Dist]:
-    return installed_dists(list(_get(cfg, "packages", ["*"])), list(_get(cfg, "exclude", [])),
-                           list(_get(cfg, "site_dirs", [])) or None)
+    return installed_dists(list(cfg_get(cfg, "packages", ["*"])), list(cfg_get(cfg, "exclude", [])),
+                           list(cfg_get(cfg, "site_dirs", [])) or None)
 
 
 def _dist_candidates(source: str, dist: Dist, ctx: SourceContext, want: Callable[[str], bool]) -> Iterator[Candidate]:
@@ -358,8 +298,8 @@ def package_docs(cfg: Any, ctx: SourceContext) -> Iterator[Candidate]:
             c.path = c.path + "#docstrings"
             c.size = c.size // 4  # rough share of docstrings in a module (the cap uses real sizes)
             yield c
-    if _get(cfg, "include_stdlib", True):
-        root = _get(cfg, "stdlib_root", "") or stdlib_root()
+    if cfg_get(cfg, "include_stdlib", True):
+        root = cfg_get(cfg, "stdlib_root", "") or stdlib_root()
         for rel in _walk_py(root, set(STDLIB_SKIP)):
             top = rel.split("/")[0]
             top = top[:-3] if top.endswith(".py") else top
@@ -383,8 +323,8 @@ def validate_transcript(rec: Any) -> str | None:
 
 @register_source("transcripts", kind="chat", description="chat/agent transcripts from JSONL files")
 def transcripts(cfg: Any, ctx: SourceContext) -> Iterator[Candidate]:
-    paths = list(_get(cfg, "paths", []))
-    default_licence = _get(cfg, "licence", licences.UNKNOWN)
+    paths = list(cfg_get(cfg, "paths", []))
+    default_licence = cfg_get(cfg, "licence", licences.UNKNOWN)
     for path in paths:
         if not os.path.exists(path):
             raise FileNotFoundError(f"data.sources.transcripts.paths: {path} does not exist")
@@ -413,13 +353,13 @@ def transcripts(cfg: Any, ctx: SourceContext) -> Iterator[Candidate]:
 def sft_synth(cfg: Any, ctx: SourceContext) -> Iterator[Document]:
     from c2jax.data.synth import synthesize
 
-    from_sources = list(_get(cfg, "from_sources", ["stdlib_code", "package_code"]))
+    from_sources = list(cfg_get(cfg, "from_sources", ["stdlib_code", "package_code"]))
 
     def docs() -> Iterator[Document]:
         for s in from_sources:
             yield from ctx.documents(s)
 
-    yield from synthesize(docs, kinds=list(_get(cfg, "kinds", ["implement", "edit_diff"])),
-                          max_examples=int(_get(cfg, "max_examples", 2000)),
-                          max_function_chars=int(_get(cfg, "max_function_chars", 2000)),
-                          max_file_chars=int(_get(cfg, "max_file_chars", 6000)))
+    yield from synthesize(docs, kinds=list(cfg_get(cfg, "kinds", ["implement", "edit_diff"])),
+                          max_examples=int(cfg_get(cfg, "max_examples", 2000)),
+                          max_function_chars=int(cfg_get(cfg, "max_function_chars", 2000)),
+                          max_file_chars=int(cfg_get(cfg, "max_file_chars", 6000)))

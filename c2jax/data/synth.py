@@ -25,7 +25,7 @@ import json
 import textwrap
 from typing import Callable, Iterable, Iterator
 
-from c2jax.data.sources import Document
+from c2jax.data.documents import Document
 
 SYSTEM = "You are an expert Python programmer. Answer with code only."
 KINDS = ("implement", "edit_diff")

@@ -27,6 +27,8 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from c2jax.atomic import atomic_path
+
 # Kimi-K2 names; order fixes the ids (0, 1, 2, ...). Never reorder, only append before reserved.
 PAD = "[PAD]"
 BOS = "[BOS]"
@@ -95,9 +97,8 @@ class Tokenizer:
         if os.path.isdir(path) or not path.endswith(".json"):
             os.makedirs(path, exist_ok=True)
             path = os.path.join(path, "tokenizer.json")
-        tmp = path + ".tmp"
-        self._hf.save(tmp)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            self._hf.save(tmp)
         self.path = path
         return path
 

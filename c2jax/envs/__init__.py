@@ -12,7 +12,7 @@ environment's virtualenv, read-only; /env/bin/python), /tmp (private, size-cappe
 Infrastructure failures raise `SandboxError`; a failing command is an `ExecResult`.
 """
 from c2jax.envs.errors import PoolFull, SandboxClosed, SandboxError, UnsafePath
-from c2jax.envs.images import build_env
+from c2jax.envs.env_build import build_env
 from c2jax.envs.limits import Limits
 from c2jax.envs.sandbox import KILLED_REASONS, ExecResult, Process, Sandbox, ShellSession, flush_cleanup, start
 from c2jax.envs.derive import derive_env

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.cmd == "build":
-            from c2jax.envs.images import build_env
+            from c2jax.envs.env_build import build_env
 
             print(build_env(args.repo, args.requirements, wheelhouse=args.wheelhouse, python=args.python,
                             network=args.network))

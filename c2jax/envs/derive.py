@@ -15,7 +15,7 @@ from c2jax.envs.errors import SandboxError
 
 def derive_env(env_id: str, patch: str | bytes) -> str:
     """Environment `env_id` with `patch` (git format, as `Sandbox.diff()` makes) applied."""
-    from c2jax.envs.sandbox import _copy_layer, start
+    from c2jax.envs.sandbox import start
 
     data = patch.encode() if isinstance(patch, str) else patch
     new_id = "drv-" + hashlib.sha256(env_id.encode() + b"\0" + data).hexdigest()[:32]
@@ -27,7 +27,4 @@ def derive_env(env_id: str, patch: str | bytes) -> str:
         r = sb.exec(["git", "apply", "--binary", "--whitespace=nowarn", "-"], stdin=data)
         if r.exit_code != 0:
             raise ValueError(f"patch does not apply to {env_id}: {r.stderr.strip()[:2000]}")
-        upper = os.path.join(sb.dir, "rw", "upper")
-        with sb._frozen():
-            return images.new_layer_env(env_id, lambda dst: _copy_layer(upper, sb._root_fd, dst), env_id=new_id,
-                                        extra_meta={"patch_sha256": hashlib.sha256(data).hexdigest()})
+        return sb.snapshot(env_id=new_id, extra_meta={"patch_sha256": hashlib.sha256(data).hexdigest()})

@@ -138,14 +138,14 @@ def workspace_diff(layers: Sequence[str], upper: str, root_fd: int) -> str:
                            cwd=tmp, env=env, capture_output=True)
         if r.returncode not in (0, 1):
             raise RuntimeError(f"git diff failed: {r.stderr.decode(errors='replace')}")
-        return _rewrite_headers(r.stdout.decode("utf-8", errors="surrogateescape"))
+        return rewrite_headers(r.stdout.decode("utf-8", errors="surrogateescape"))
 
 
 _HEADER = re.compile(r'^diff --git ("?)a/[ab]/(.*?)\1 ("?)b/[ab]/(.*?)\3$')
 _FILE_LINE = re.compile(r'^(---|\+\+\+) ("?)([ab])/[ab]/')
 
 
-def _rewrite_headers(patch: str) -> str:
+def rewrite_headers(patch: str) -> str:
     """git diff --no-index of trees a/ and b/ names paths 'a/a/x' or 'a/b/x'; make them 'a/x'."""
     out = []
     for line in patch.splitlines(keepends=True):

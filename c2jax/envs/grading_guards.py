@@ -2,7 +2,7 @@
 channel, the canary tests, and the removal of modules that shadow the interpreter or the runner.
 
 Each defence can be switched off one at a time through `Defences` (production grading runs with
-all of them on): tests/test_grading_tamper*.py switch the relevant ones off to show that every
+all of them on): tests/envs/test_grading_tamper*.py switch the relevant ones off to show that every
 tampering route they cover really earns the reward without them (a positive control), so a test
 of the defence cannot pass because the attack was broken.
 

@@ -1,15 +1,14 @@
 """Resource limits of one sandbox: every limit has a safe, finite default and comes from config.
 
 `Limits` is a frozen dataclass so a sandbox's limits cannot drift after start. `Limits.from_config`
-reads the `envs.limits` section of an ml_collections config (or any mapping); the `envs` config
-validator registered here checks every value before anything is started.
+reads the `envs.limits` section of an ml_collections config (or any mapping); `check_limits` is
+what the `envs` config validator (`c2jax.envs.backends`) runs on it before anything is started.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
 
-from c2jax.config import Checker, register_validator
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -99,16 +98,3 @@ def check_limits(values: Mapping[str, Any]) -> list[tuple[str, str]]:
     if not problems and values.get("output_kill_bytes", 1 << 30) < values.get("output_bytes", 0):
         problems.append(("output_kill_bytes", "must be >= output_bytes"))
     return problems
-
-
-@register_validator("envs")
-def _validate_envs(check: Checker, cfg: Any, full_cfg: Any = None) -> None:
-    """Config section `envs`: `limits` (see `Limits`), `pool_size`, `warm`, `backend`."""
-    limits = check.value(cfg, "limits", default=None)
-    if limits is not None:
-        items = dict(limits.items()) if hasattr(limits, "items") else {}
-        for name, problem in check_limits(items):
-            check.error(f"limits.{name}", problem)
-    check.int_range(cfg, "pool_size", lo=1, hi=4096, optional=True)
-    check.int_range(cfg, "warm", lo=0, hi=4096, optional=True)
-    check.choice(cfg, "backend", ["local", "ray"], optional=True)

@@ -54,7 +54,7 @@ class SandboxActor:
         return {"host": socket.gethostname(), "pid": os.getpid(), "active": len(self.leases)}
 
     def build_env(self, repo_dir: str, requirements: Any, kwargs: dict) -> str:
-        from c2jax.envs.images import build_env
+        from c2jax.envs.env_build import build_env
 
         return build_env(repo_dir, requirements, **kwargs)
 

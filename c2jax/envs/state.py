@@ -22,8 +22,8 @@ import os
 import shutil
 import signal
 import threading
-import uuid
 
+from c2jax.atomic import atomic_path, atomic_write_json
 from c2jax.envs import cgroups
 
 log = logging.getLogger(__name__)
@@ -83,10 +83,7 @@ def umount(target: str) -> None:
 
 
 def write_record(sb_dir: str, record: dict) -> None:
-    tmp = os.path.join(sb_dir, "owner.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, os.path.join(sb_dir, "owner.json"))
+    atomic_write_json(os.path.join(sb_dir, "owner.json"), record)
 
 
 def cleanup_sandbox_dir(sb_dir: str, record: dict | None) -> None:
@@ -167,10 +164,9 @@ def empty_file() -> str:
     """An empty read-only host file, bound over paths an environment hides (`images.hide_paths_env`)."""
     path = os.path.join(state_dir(), "empty")
     if not os.path.exists(path) or os.path.getsize(path):
-        tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}"  # unique per call: threads race here
-        open(tmp, "w").close()
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:  # unique per call: threads race here
+            open(tmp, "w").close()
+            os.chmod(tmp, 0o444)
     return path
 
 

@@ -42,7 +42,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Iterable, Iterator, Mapping
+import statistics
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from c2jax.atomic import atomic_open
 
 SCHEMA_VERSION = 1
 SOURCE_KINDS = ("stdlib", "pypi", "installed", "swebench", "harbor")
@@ -288,13 +291,42 @@ def load_tasks(path: str) -> list[TaskRecord]:
 
 def write_tasks(path: str, tasks: Iterable[TaskRecord]) -> int:
     """Write records as JSONL (atomically); returns the count."""
-    import os
-
-    tmp = f"{path}.tmp"
     n = 0
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path, "w", encoding="utf-8") as f:
         for t in tasks:
             f.write(json.dumps(t.to_json(), sort_keys=True) + "\n")
             n += 1
-    os.replace(tmp, path)
     return n
+
+
+@dataclasses.dataclass
+class Attempt:
+    """What a policy hands back for one task: its diff plus the effort it took (graded by `grade`)."""
+
+    diff: str
+    tokens: int = 0
+    wall_s: float = 0.0
+    info: dict = dataclasses.field(default_factory=dict)
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if len(xs) else float("nan")
+
+
+def stats_table(tasks: Sequence[TaskRecord]) -> dict[str, Any]:
+    """Per category (and all): count, median lines/files changed, median prompt characters."""
+    groups: dict[str, list[TaskRecord]] = {"all": list(tasks)}
+    for t in tasks:
+        groups.setdefault(t.category, []).append(t)
+        groups.setdefault(f"split:{t.split}", []).append(t)
+    out = {}
+    for name, ts in groups.items():
+        out[name] = {"tasks": len(ts),
+                     "median_lines_changed": _median([t.stats.get("lines_changed", 0) for t in ts]),
+                     "median_files_changed": _median([t.stats.get("files_changed", 0) for t in ts]),
+                     "median_prompt_chars": _median([t.stats.get("prompt_chars", 0) for t in ts]),
+                     "median_f2p_tests": _median([len(t.hidden_tests.FAIL_TO_PASS) for t in ts])}
+    codebases: dict[str, int] = {}
+    for t in tasks:
+        codebases[t.codebase] = codebases.get(t.codebase, 0) + 1
+    return {"by_group": out, "codebases": codebases, "n_codebases": len(codebases)}

@@ -26,9 +26,9 @@ _EXPORTS = {
     "reset_rows": "c2jax.model.cache",
     "update_router_bias": "c2jax.model.moe_router",
     "MOE_IMPLS": "c2jax.model.moe_impls",
-    "from_pretrained": "c2jax.model.hf_io",
-    "save_pretrained": "c2jax.model.hf_io",
-    "CheckpointError": "c2jax.model.hf_config",
+    "from_pretrained": "c2jax.model.hf.io",
+    "save_pretrained": "c2jax.model.hf.io",
+    "CheckpointError": "c2jax.model.hf.config",
 }
 
 

@@ -16,8 +16,8 @@ Layout of ``config.model`` (HF DeepSeek-V3 names in brackets where they differ):
                                       beta_fast, beta_slow, mscale, mscale_all_dim}
     moe: n_routed_experts, n_shared_experts, top_k [num_experts_per_tok], n_group, topk_group,
          intermediate_size [moe_intermediate_size], routed_scaling_factor, norm_topk_prob,
-         impl ('dropless' | 'capacity' | 'pallas'), capacity_factor,
-         precision ('f32' | 'bf16' | 'fp8_blockwise' | 'mxfp8' | 'nvfp4_fwd_mxfp8_bwd'),
+         impl (a name of `moe_impls.MOE_IMPLS`: 'dropless' | 'capacity' | 'pallas' | 'sampler_dense'), capacity_factor,
+         precision (a recipe of `kernels_pallas.gmm.ops.RECIPES`: 'f32' | 'bf16' | 'fp8_blockwise' | 'mxfp8' | 'nvfp4_fwd_mxfp8_bwd'),
          bias_update_rate (aux-loss-free balancing), seq_aux_loss_coef,
          replay_margin (None = replay routes as given; else plausibility check margin)
 """
@@ -31,8 +31,6 @@ import ml_collections
 
 from c2jax.config import Checker, ConfigError, register_validator
 
-MOE_IMPLS = ("dropless", "capacity", "pallas")
-MOE_PRECISIONS = ("f32", "bf16", "fp8_blockwise", "mxfp8", "nvfp4_fwd_mxfp8_bwd")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -226,7 +224,10 @@ def validate_model(check: Checker, m: Any, full: Any) -> None:
         tg = c.int_range(e, "topk_group", 1)
         c.int_range(e, "intermediate_size", 1)
         c.float_range(e, "routed_scaling_factor", 0.0, lo_open=True)
-        c.choice(e, "impl", MOE_IMPLS)
+        from c2jax.model.moe_impls import MOE_IMPLS  # the registries are the lists (imports jax)
+        from kernels_pallas.gmm.ops import PRECISIONS as MOE_PRECISIONS
+
+        c.choice(e, "impl", MOE_IMPLS.names())
         c.float_range(e, "capacity_factor", 0.0, lo_open=True)
         c.choice(e, "precision", MOE_PRECISIONS)
         c.float_range(e, "bias_update_rate", 0.0)

@@ -109,7 +109,7 @@ def mla(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, 
     the whole cache: absorbed form when S == 1, expanded otherwise. Returns (out [B,S,D], cache).
 
     `attend_fn` (cache-free path only; default `attend_expanded`) swaps in another attention with
-    the same signature, e.g. the context-parallel one of `c2jax.model.cp_attention`, which
+    the same signature, e.g. the context-parallel one of `c2jax.model.parallel.cp_attention`, which
     all-gathers the latents (c_kv, k_rope) rather than up-projected keys/values."""
     a = cfg.attention
     q = queries(p, x, cfg)

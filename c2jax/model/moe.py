@@ -33,7 +33,7 @@ def moe_block(p: dict, x: jax.Array, cfg: ModelConfig, valid: jax.Array,
     dropped (fraction of assignments not computed), balance_loss (un-weighted), replaced (fraction
     of replayed routes replaced by the plausibility check). `experts_fn` (signature of the
     `MOE_IMPLS` entries) overrides ``moe.impl``, e.g. with the expert-parallel dispatch of
-    `c2jax.model.ep_moe`."""
+    `c2jax.model.parallel.ep_moe`."""
     m = cfg.moe
     b, s, d = x.shape
     xf = x.reshape(b * s, d)

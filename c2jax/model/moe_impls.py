@@ -37,48 +37,17 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from c2jax.model.config import MoEConfig
+from typing import TYPE_CHECKING
+
+from c2jax.model.expert_matmul import XLA_PRECISIONS, batched_expert_matmul, expert_matmul
+from c2jax.model.moe_dense import NAME as SAMPLER_DENSE, dense_all_experts_moe
 from c2jax.registry import Registry
 
-MoEImpl = Callable[[dict, jax.Array, jax.Array, jax.Array, MoEConfig], "tuple[jax.Array, jax.Array]"]
+if TYPE_CHECKING:
+    from c2jax.model.config import MoEConfig
+
+MoEImpl = Callable[[dict, jax.Array, jax.Array, jax.Array, "MoEConfig"], "tuple[jax.Array, jax.Array]"]
 MOE_IMPLS: Registry[MoEImpl] = Registry("moe_impl")
-
-_XLA_PRECISIONS = ("f32", "bf16")
-
-
-def _kernels_grouped_matmul():
-    try:
-        from kernels_pallas.api import grouped_matmul  # type: ignore
-    except ImportError as e:  # pragma: no cover - depends on the kernels package being present
-        raise NotImplementedError(
-            "this MoE setting needs kernels_pallas.api.grouped_matmul (impl='pallas' or a "
-            f"low-precision moe.precision), which could not be imported: {e}") from e
-    return grouped_matmul
-
-
-def expert_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, precision: str,
-                  use_kernels: bool = False) -> jax.Array:
-    """Grouped matmul: rows of x [M, K] sorted by expert (group_sizes [E], sum <= M) times
-    w [E, K, F] -> [M, F] in x.dtype. The one place expert matmuls are dispatched on precision."""
-    if use_kernels or precision not in _XLA_PRECISIONS:
-        return _kernels_grouped_matmul()(x, w, group_sizes, precision=precision).astype(x.dtype)
-    if precision == "bf16":
-        return jax.lax.ragged_dot(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), group_sizes,
-                                  preferred_element_type=jnp.float32).astype(x.dtype)
-    return jax.lax.ragged_dot(x, w.astype(x.dtype), group_sizes)
-
-
-def batched_expert_matmul(x: jax.Array, w: jax.Array, precision: str) -> jax.Array:
-    """Equal-size groups: x [E, C, K] times w [E, K, F] -> [E, C, F] in x.dtype."""
-    if precision not in _XLA_PRECISIONS:
-        e, c, k = x.shape
-        sizes = jnp.full((e,), c, jnp.int32)
-        return expert_matmul(x.reshape(e * c, k), w, sizes, precision).reshape(e, c, -1)
-    if precision == "bf16":
-        return jnp.einsum("eck,ekf->ecf", x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
-                          preferred_element_type=jnp.float32).astype(x.dtype)
-    return jnp.einsum("eck,ekf->ecf", x, w.astype(x.dtype))
-
 
 def _sort_assignments(idx: jax.Array, n_experts: int):
     """Stable sort of the N*k assignments by expert, k-major (first choices first).
@@ -179,7 +148,7 @@ def _tiled_swiglu(p: dict, x: jax.Array, order, token, sizes, inverse, n_experts
 def _use_tiled(p: dict, n_assign: int, n_experts: int, precision: str) -> bool:
     if DROPLESS_LOWERING != "auto":
         return DROPLESS_LOWERING == "tiled"
-    if precision not in _XLA_PRECISIONS or jax.default_backend() != "cpu":
+    if precision not in XLA_PRECISIONS or jax.default_backend() != "cpu":
         return False
     n_tiles = -(-n_assign // _tile_rows(n_assign, n_experts)) + n_experts
     per_tile = sum(int(math.prod(p[k].shape[1:])) * p[k].dtype.itemsize for k in ("gate_proj", "up_proj", "down_proj"))
@@ -240,3 +209,17 @@ def capacity_moe(p: dict, x: jax.Array, idx: jax.Array, w: jax.Array, m: MoEConf
     y = jnp.sum(y * w.T.astype(y.dtype)[:, :, None], axis=0)  # weighted sum over the k slots
     dropped = 1.0 - keep_sorted.astype(jnp.float32).mean()
     return y, dropped
+
+
+capacity_moe.drops_tokens = True  # type: ignore[attr-defined]
+MOE_IMPLS.register(SAMPLER_DENSE, dense_all_experts_moe)
+
+
+def drops_tokens(name: str) -> bool:
+    """Whether the registered implementation `name` may drop token assignments (capacity)."""
+    return bool(getattr(MOE_IMPLS.get(name), "drops_tokens", False))
+
+
+def exact_moe_impls() -> list[str]:
+    """The registered implementations that never drop a token: what a learner or a sampler may use."""
+    return [n for n in MOE_IMPLS.names() if not drops_tokens(n)]

@@ -116,8 +116,8 @@ def segment_positions(segment_ids: jax.Array) -> jax.Array:
     return idx - seg_start
 
 
-def _block(p: dict, h: jax.Array, cos, sin, mask, cfg: ModelConfig, layer_cache, slots, valid, routes,
-           moe: bool, attend_fn=None, experts_fn=None):
+def transformer_block(p: dict, h: jax.Array, cos, sin, mask, cfg: ModelConfig, layer_cache, slots, valid, routes,
+                      moe: bool, attend_fn=None, experts_fn=None):
     """One pre-norm decoder block. Returns (h, new_layer_cache, moe stats or None)."""
     a, new_cache = mla(p["attn"], rms_norm(h, p["attn_norm"]["scale"], cfg.rms_norm_eps), cos, sin, mask,
                        cfg, layer_cache, slots, attend_fn)
@@ -138,7 +138,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
 
     `attend_fn` / `experts_fn` swap the attention (cache-free path) and the routed-expert
     computation for implementations with the same signatures (`mla.attend_expanded`,
-    `moe_impls.MOE_IMPLS` entries); `c2jax.model.sharding` passes the context-parallel attention
+    `moe_impls.MOE_IMPLS` entries); `c2jax.model.parallel.sharding` passes the context-parallel attention
     and the expert-parallel dispatch here. None = the single-device defaults."""
     b, s = tokens.shape
     dt = jnp.dtype(cfg.dtype)
@@ -167,7 +167,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
     if cfg.n_dense_layers:
         def dense_step(h, xs):
             lp, lc = xs
-            h, nc, _ = _block(lp, h, cos, sin, mask, cfg, lc, slots, valid, None, moe=False,
+            h, nc, _ = transformer_block(lp, h, cos, sin, mask, cfg, lc, slots, valid, None, moe=False,
                               attend_fn=attend_fn)
             return h, nc
         h, nc = jax.lax.scan(dense_step, h, (params["dense_layers"],
@@ -182,7 +182,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
 
         def moe_step(h, xs):
             lp, lc, lr = xs
-            h, nc, st = _block(lp, h, cos, sin, mask, cfg, lc, slots, valid, lr, moe=True,
+            h, nc, st = transformer_block(lp, h, cos, sin, mask, cfg, lc, slots, valid, lr, moe=True,
                                attend_fn=attend_fn, experts_fn=experts_fn)
             return h, (nc, st)
         h, (nc, st) = jax.lax.scan(moe_step, h, (params["moe_layers"],
@@ -211,7 +211,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
     balance_terms = [moe_out["balance_loss"]] if n_moe else []
     if cfg.mtp_depth and cache is None:
         def block_fn(lp, x):
-            x, _, st = _block(lp, x, cos, sin, mask, cfg, None, None, valid, None, moe=True,
+            x, _, st = transformer_block(lp, x, cos, sin, mask, cfg, None, None, valid, None, moe=True,
                               attend_fn=attend_fn, experts_fn=experts_fn)
             return x, st
         mtp_logits, mtp_counts, mtp_bal = mtp_forward(params, hidden, tokens, cfg, block_fn)

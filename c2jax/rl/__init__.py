@@ -8,5 +8,5 @@ Modules (each a registry of named pieces the config selects):
   rewards.py      reward terms (grader terms, length penalty C_{k,q}, behaviour terms)
   loss.py         `make_rl_loss(cfg)`: the composed jit-ready loss the RL trainer calls
   config_checks.py  validator of the `rl` config section
-All array code is jnp over the fixed-shape batch produced by `c2jax.trajectory.pad_batch`.
+All array code is jnp over the fixed-shape batch produced by `c2jax.batching.pad_batch`.
 """

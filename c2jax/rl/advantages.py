@@ -11,7 +11,7 @@ centred reward: no division by the group standard deviation (report 3.3). Two ba
 
 ``std_normalize=True`` divides by the group's sample std (+ eps). Off by default: when all rollouts
 in a group are (nearly) equally good the std is tiny and the division blows small behavioural
-differences up to unit-size advantages (tests/test_rl_advantages.py shows the scale blow-up),
+differences up to unit-size advantages (tests/rl/test_rl_advantages.py shows the scale blow-up),
 and it reweights prompts by 1 / std, which biases the gradient towards too-easy and too-hard prompts.
 
 Masking (every case reported in the metrics, never a NaN):

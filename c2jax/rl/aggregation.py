@@ -14,7 +14,7 @@ segments and rows (self-summarisation chains), and "sequence" below means the wh
 * ``seq_mean_token_mean`` (original GRPO): mean over sequences of (sum over the sequence / |o_i|).
   Each token of sequence i has weight 1 / |o_i|: for a negative advantage, a long wrong answer is
   penalised less per token than a short wrong one, and for a positive advantage short answers are
-  favoured. That is the length bias Dr. GRPO removes (tests/test_rl_objectives.py constructs it).
+  favoured. That is the length bias Dr. GRPO removes (tests/rl/test_rl_objectives.py constructs it).
 """
 from __future__ import annotations
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import inspect
 from typing import Any, Mapping
 
-from c2jax.config import Checker, register_validator
+from c2jax.config import Checker, register_validator, to_plain
 from c2jax.rl.advantages import ADVANTAGES
 from c2jax.rl.aggregation import AGGREGATIONS
 from c2jax.rl.kl import KL_ESTIMATORS, KL_PLACEMENTS
 from c2jax.rl.stage_config import STAGE_KEYS, validate_rl_stage
-from c2jax.rl.loss import _plain, resolve_rl_config
+from c2jax.rl.loss import resolve_rl_config
 from c2jax.rl.objectives import POLICY_LOSSES
 from c2jax.rl.rewards import REWARD_TERMS, term_spec
 from c2jax.trajectory import EFFORT_FIELDS
@@ -70,7 +70,7 @@ def validate_rl(check: Checker, rl: Any, full: Any) -> None:
     c = resolve_rl_config(rl)
     known = {"group_size", "behaviour_logprobs", "overlong_mask", "advantage", "objective", "aggregation", "kl",
              "rewards"} | set(STAGE_KEYS)
-    raw = _plain(rl) or {}
+    raw = to_plain(rl) or {}
     for k in raw:
         if k not in known:
             check.error(k, f"unknown rl option; known: {sorted(known)}")

@@ -9,7 +9,7 @@ KL(q || p) = E_q[-log r] (Composer 2 report 3.3, J. Schulman's "Approximating KL
 * k3 = (r - 1) - log r: unbiased and >= 0, lowest variance near q = p, but the r term explodes as
   the policies diverge (Gaussian: Var = e^{mu^2} - 1 - mu^2). See benchmarks/kl_estimators.py.
 
-Placements (they are not interchangeable; tests/test_rl_kl.py checks each on an enumerable policy):
+Placements (they are not interchangeable; tests/rl/test_rl_kl.py checks each on an enumerable policy):
 
 * ``reward`` (score-function form, the correct one for k1): the trajectory's summed estimate,
   stop-gradient, is subtracted from its reward, R_i <- R_i - beta * sum_t k_t, before the

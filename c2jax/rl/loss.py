@@ -4,7 +4,7 @@
     loss, metrics = loss_fn(logp, batch, logp_ref=logp_ref)   # jit/grad-compatible
 
 `logp` [B, L] is the learner's log pi(targets[b, t] | context) for the batch from
-`c2jax.trajectory.pad_batch` (the model forward is the trainer's job); `logp_ref` [B, L] is the
+`c2jax.batching.pad_batch` (the model forward is the trainer's job); `logp_ref` [B, L] is the
 reference policy's, needed only when the KL coefficient is > 0; `old_logp` [B, L] is an optional
 proximal policy for ``ppo``/``cispo`` (defaults to the behaviour logprobs); `current_version`
 (the learner's weight version) adds staleness metrics from the per-token policy versions. The config is read
@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from c2jax.config import to_plain
 from c2jax.rl.advantages import ADVANTAGES
 from c2jax.rl.aggregation import AGGREGATIONS
 from c2jax.rl.kl import KL_PLACEMENTS, kl_loss_per_token, kl_metrics, kl_reward_penalty
@@ -50,19 +51,10 @@ DEFAULT_RL_CONFIG: dict[str, Any] = dict(
 )
 
 
-def _plain(x: Any) -> Any:
-    """ConfigDict / FrozenConfigDict / Mapping -> nested plain dicts."""
-    if hasattr(x, "to_dict"):
-        x = x.to_dict()
-    if isinstance(x, Mapping):
-        return {k: _plain(v) for k, v in x.items()}
-    return x
-
-
 def resolve_rl_config(cfg: Any = None) -> dict[str, Any]:
     """DEFAULT_RL_CONFIG updated (one level deep per section) with `cfg`."""
     out = copy.deepcopy(DEFAULT_RL_CONFIG)
-    for k, v in (_plain(cfg) or {}).items():
+    for k, v in (to_plain(cfg) or {}).items():
         if k == "rewards":
             out[k] = dict(v)  # the reward terms are replaced as a whole, never merged
         elif isinstance(v, dict) and isinstance(out.get(k), dict):

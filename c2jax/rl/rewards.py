@@ -1,6 +1,6 @@
 """Reward terms and their weighted sum: R_i = sum_label weight_label * term_label(batch)_i.
 
-Every term maps the padded batch (`c2jax.trajectory.pad_batch`) to one value per trajectory [N]
+Every term maps the padded batch (`c2jax.batching.pad_batch`) to one value per trajectory [N]
 and is reported separately in the metrics (``reward/<label>``), so a researcher sees which term
 moves. Registered terms (REWARD_TERMS):
 

@@ -52,7 +52,6 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     weight_sync=dict(mode="direct", full_every=10, dir=None, wire_dtype=None, keep_full=2, level=3),
 )
 
-LEARNER_MOE_IMPLS = ("dropless", "pallas")  # the dropless entries of c2jax.model.MOE_IMPLS
 REFERENCES = ("init", "none")
 SERVICE_BACKENDS = ("local", "ray")
 
@@ -122,8 +121,11 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     for key in ("router_replay", "replay_metrics"):
         if not isinstance(c[key], bool):
             check.error(key, f"must be a bool, got {c[key]!r}")
-    if c["learner_moe_impl"] not in LEARNER_MOE_IMPLS:
-        check.error("learner_moe_impl", f"must be one of {list(LEARNER_MOE_IMPLS)} (the learner must not drop "
+    from c2jax.model.moe_impls import exact_moe_impls  # the registry's entries that never drop a token
+
+    learner_impls = exact_moe_impls()
+    if c["learner_moe_impl"] not in learner_impls:
+        check.error("learner_moe_impl", f"must be one of {learner_impls} (the learner must not drop "
                     f"tokens, so never 'capacity'), got {c['learner_moe_impl']!r}")
     if c["reference"] not in REFERENCES:
         check.error("reference", f"must be one of {list(REFERENCES)}, got {c['reference']!r}")

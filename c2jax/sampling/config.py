@@ -17,9 +17,6 @@ import ml_collections
 
 from c2jax.config import Checker, ConfigError, register_validator
 
-_MOE_IMPLS = ("auto", "dropless", "pallas", "sampler_dense")
-
-
 def _fields() -> dict[str, Any]:
     from c2jax.sampling.engine import EngineConfig
 
@@ -49,7 +46,9 @@ def validate_sampling(check: Checker, s: Any, full: Any) -> None:
     pc = check.int_range(d, "prefill_chunk", 16, optional=True)
     if pc is not None and pc & (pc - 1):
         check.error("prefill_chunk", f"must be a power of two >= 16, got {pc}")
-    check.choice(d, "moe_impl", _MOE_IMPLS, optional=True)
+    from c2jax.model.moe_impls import exact_moe_impls  # the registry decides; 'auto' picks one
+
+    check.choice(d, "moe_impl", ["auto", *exact_moe_impls()], optional=True)
     if d.get("cache_dtype") is not None:
         check.choice(d, "cache_dtype", ("float32", "bfloat16"))
     for b in ("prefix_reuse", "continuous", "recompute_cache_on_update", "spec_decode"):

@@ -31,7 +31,7 @@ bookkeeping only):
   free rows from the prefix cache.
 * Numerics: the model config's ``dtype`` and ``moe.precision`` (so the sampler can run in the
   trainer's low precision). ``moe_impl='auto'`` runs the experts with the exact all-experts
-  kernel (moe_dense.py) when ``n_routed_experts <= 64`` (CPU / small models) and with
+  kernel (`c2jax.model.moe_dense`) when ``n_routed_experts <= 64`` (CPU / small models) and with
   ``'dropless'`` otherwise; the capacity implementation is never used (it drops tokens).
 * ``spec_decode=True``: greedy rows decode speculatively with the model's MTP head (spec.py);
   output unchanged, acceptance rate in `spec_acceptance_rate`.
@@ -54,7 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax.model.config import ModelConfig
-from c2jax.sampling import moe_dense
+from c2jax.model import moe_dense
+from c2jax.model.moe_impls import exact_moe_impls
 from c2jax.sampling.device import compiled
 from c2jax.sampling.forward import init_serving_cache, prepare
 from c2jax.sampling.stops import StopMatcher, token_byte_table
@@ -70,7 +71,7 @@ class EngineConfig:
     min_prefix_reuse: int = 1
     continuous: bool = True  # False = static batching (admit only into an empty engine)
     recompute_cache_on_update: bool = False
-    moe_impl: str = "auto"  # 'auto' | any name in c2jax.model.MOE_IMPLS except 'capacity'
+    moe_impl: str = "auto"  # 'auto' | a name of c2jax.model.MOE_IMPLS that drops no token (exact_moe_impls)
     cache_dtype: Optional[str] = None  # default: the model dtype
     spec_decode: bool = False  # MTP speculative decoding for greedy rows (needs mtp_depth >= 1)
     seed: int = 0  # draws the seeds of requests that do not set one
@@ -86,8 +87,9 @@ class EngineConfig:
             problems.append(f"min_window must be a power of two >= 1, got {self.min_window}")
         if self.prefill_chunk < 16 or self.prefill_chunk & (self.prefill_chunk - 1):
             problems.append(f"prefill_chunk must be a power of two >= 16, got {self.prefill_chunk}")
-        if self.moe_impl == "capacity":
-            problems.append("moe_impl 'capacity' drops tokens at decode; use 'auto', 'dropless' or 'pallas'")
+        if self.moe_impl != "auto" and self.moe_impl not in exact_moe_impls():
+            problems.append(f"moe_impl {self.moe_impl!r}: use 'auto' or one of {exact_moe_impls()} (an "
+                            "implementation that drops tokens, e.g. 'capacity', would drop them at decode)")
         if self.spec_decode and cfg.mtp_depth < 1:
             problems.append("spec_decode needs a model with mtp_depth >= 1")
         if problems:
@@ -544,7 +546,7 @@ class Engine:
 
     def _prepare(self, params: dict) -> dict:
         """The engine's working copy of the weights: per layer (forward.py), routed experts in the
-        fused layout when the all-experts kernel serves them (moe_dense.py)."""
+        fused layout when the all-experts kernel serves them (`c2jax.model.moe_dense`)."""
         layout = None
         if self.run_cfg.moe.impl == moe_dense.NAME and moe_dense.can_fuse(self.run_cfg):
             # few tokens per step: skip the experts nobody chose; else one fused matmul

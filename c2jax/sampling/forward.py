@@ -6,7 +6,7 @@ tokens, and slicing a layer out of a stacked array inside the compiled loop mate
 of that layer's weights on every step (measured on CPU: 4x the cost of the matmuls that read them
 for a batch-1 step). The engine therefore keeps a serving copy of the weights with one entry per
 layer (`serving_params`, rebuilt at each weight update; the stacked originals are not kept) and
-unrolls the layer loop, calling the model's block (`c2jax.model.transformer._block`: MLA with the
+unrolls the layer loop, calling the model's block (`c2jax.model.transformer.transformer_block`: MLA with the
 latent cache, dense MLP or MoE) for each layer. Everything else follows `apply`'s cached path
 (see c2jax/model/cache.py for the semantics of `lengths`, segment ids and the slot mask); the
 tests compare the engine against `apply` token by token.
@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from c2jax.model.config import ModelConfig
 from c2jax.model.norms import rms_norm
 from c2jax.model.rope import rope_cos_sin
-from c2jax.model.transformer import _block
-from c2jax.sampling import moe_dense
+from c2jax.model.transformer import transformer_block
+from c2jax.model import moe_dense
 
 
 def _unstack(tree, n: int) -> list:
@@ -88,9 +88,9 @@ def serving_apply(sp: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids:
     def run(lp, h, i, moe):
         full = cache["layers"][i]
         if w == t:
-            return _block(lp, h, cos, sin, mask, cfg, full, slots, valid, None, moe=moe)
+            return transformer_block(lp, h, cos, sin, mask, cfg, full, slots, valid, None, moe=moe)
         win = {k: v[:, :w] for k, v in full.items()}
-        h, nc, st = _block(lp, h, cos, sin, mask, cfg, win, slots, valid, None, moe=moe)
+        h, nc, st = transformer_block(lp, h, cos, sin, mask, cfg, win, slots, valid, None, moe=moe)
         new = {k: full[k].at[bidx, in_w].set(nc[k][bidx, jnp.minimum(slots, w - 1)], mode="drop") for k in full}
         return h, new, st
 

@@ -1,7 +1,7 @@
 """`python -m c2jax.serve --checkpoint PATH [--host 127.0.0.1] [--port 8000]`: an OpenAI-compatible
 API (/v1/models, /v1/chat/completions with tools, streaming and logprobs) for a c2jax checkpoint.
 
-Binds to 127.0.0.1 unless --host says otherwise. See c2jax/serve/checkpoint.py for what PATH holds.
+Binds to 127.0.0.1 unless --host says otherwise. See c2jax/sampling/checkpoint.py for what PATH holds.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from c2jax.data.chat_format import ChatFormat
     from c2jax.sampling import Engine, EngineConfig
-    from c2jax.serve.checkpoint import ServeCheckpointError, load_serving_checkpoint
+    from c2jax.sampling.checkpoint import ServeCheckpointError, load_serving_checkpoint
     from c2jax.serve.server import ChatServer
 
     try:

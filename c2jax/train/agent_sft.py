@@ -181,7 +181,7 @@ def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_d
     from c2jax.train.pretrain import model_apply_fn
     from c2jax.train.state import TrainState
     from c2jax.train.step import make_train_step
-    from c2jax.trajectory import pad_batch
+    from c2jax.batching import pad_batch
 
     S, B = int(c["seq_len"]), int(c["batch_size"])
     packed = pad_batch(trajs, S)
@@ -225,8 +225,8 @@ def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_d
 
 
 def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
-    from c2jax.serve.checkpoint import save_serving_checkpoint
-    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.sampling.checkpoint import save_serving_checkpoint
+    from c2jax.checkpoint import Checkpointer
     from c2jax.train.pretrain import base_model_config, load_data
     from c2jax.train.rl_family import ensure_family
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Optional
 import jax
 import numpy as np
 
-from c2jax.train.checkpoint import Checkpointer, PreemptionGuard
+from c2jax.checkpoint import Checkpointer, PreemptionGuard
 from c2jax.train.metrics import MetricsLogger, Progress, read_jsonl
 from c2jax.train.state import TrainState
 

@@ -18,6 +18,8 @@ from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
 
+from c2jax.atomic import atomic_path
+
 
 def _scalar(v: Any) -> Any:
     if isinstance(v, (int, float, str, bool)) or v is None:
@@ -151,8 +153,7 @@ def plot_loss_curves(path: str, train: Iterable[tuple[float, float]], held_out: 
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
-    os.replace(tmp, path)
     return path

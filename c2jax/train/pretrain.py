@@ -49,8 +49,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax.config import ConfigError
-from c2jax.train.pretrain_config import TRAIN_DEFAULTS, _plain, merge
+from c2jax.atomic import atomic_write_json
+from c2jax.config import ConfigError, to_plain
+from c2jax.train.pretrain_config import TRAIN_DEFAULTS, merge
 from c2jax.train.stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -64,15 +65,15 @@ MTP_TERMS = ("mtp_distill", "mtp_xent")
 
 def stage_config(config: Any, name: str) -> dict:
     """``TRAIN_DEFAULTS`` <- ``config.train`` <- ``config.<name>`` (dicts merged key by key)."""
-    train = _plain(config.get("train", {}) if hasattr(config, "get") else config["train"]) or {}
-    over = _plain(config.get(name, None) if hasattr(config, "get") else None) or {}
+    train = to_plain(config.get("train", {}) if hasattr(config, "get") else config["train"]) or {}
+    over = to_plain(config.get(name, None) if hasattr(config, "get") else None) or {}
     return merge(merge(TRAIN_DEFAULTS, train), over)
 
 
 def base_model_config(config: Any):
     from c2jax.model.config import ModelConfig
 
-    m = _plain(config["model"])
+    m = to_plain(config["model"])
     m.pop("preset", None)
     return ModelConfig.from_config(m)
 
@@ -150,12 +151,12 @@ def init_params(init_from: str, cfg, seed: int) -> Any:
         return init(cfg, jax.random.PRNGKey(seed))
     kind, _, path = init_from.partition(":")
     if kind == "hf":
-        from c2jax.model.hf_io import from_pretrained
+        from c2jax.model.hf.io import from_pretrained
 
         params, _ = from_pretrained(path, dtype=cfg.param_dtype)
         return _check_params(params, cfg, f"hf checkpoint {path}")
     if kind == "ckpt":
-        from c2jax.train.checkpoint import Checkpointer
+        from c2jax.checkpoint import Checkpointer
 
         got = Checkpointer(_ckpt_dir(path)).restore_params()
         if got is None:
@@ -312,15 +313,13 @@ def _bigram(ctx: dict, workdir: str, seq_len: int, ecfg: dict, sources: list[str
                           batch_size=int(ecfg["batch_size"]), max_batches=ecfg["max_batches"],
                           train_sources=[s for s in built.sources if built.source_kinds.get(s) == "text"],
                           held_sources=sources)
-    with open(path + ".tmp", "w") as f:
-        json.dump(res, f)
-    os.replace(path + ".tmp", path)
+    atomic_write_json(path, res)
     return res
 
 
 def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.model.params_spec import logical_axes, trainable_mask
-    from c2jax.model.sharding import training_plan
+    from c2jax.model.parallel.sharded import training_plan
     from c2jax.train import optim
     from c2jax.train.evaluation import codebase_probe, held_out_losses, to_model_batch
     from c2jax.train.loop import train_loop
@@ -344,7 +343,7 @@ def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tupl
 
     # Parameters: previous stage's final checkpoint, else init_from.
     if prev.get("checkpoint_dir"):
-        from c2jax.train.checkpoint import Checkpointer
+        from c2jax.checkpoint import Checkpointer
 
         got = Checkpointer(prev["checkpoint_dir"]).restore_params()
         if got is None:
@@ -359,7 +358,7 @@ def run_pretrain_stage(name: str, config: Any, workdir: str, prev: dict) -> tupl
                               axes=logical_axes(cfg))
     state = TrainState.create(params, tx)
     S, B = int(scfg["seq_len"]), int(scfg["batch_size"])
-    # config.mesh (c2jax.model.sharding): None = one device; else sharded forward (CP attention,
+    # config.mesh (c2jax.model.parallel.sharding): None = one device; else sharded forward (CP attention,
     # EP dispatch), step jitted with state/batch shardings, state placed on the mesh.
     plan = training_plan(config, cfg, B, S)
     apply_fn = plan.apply_fn() if plan else model_apply_fn(cfg)

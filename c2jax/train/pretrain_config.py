@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from c2jax.config import Checker, register_validator
+from c2jax.config import Checker, cfg_get, register_validator, to_plain
 
 TRAIN_DEFAULTS: dict[str, Any] = {
     "init_from": "scratch",
@@ -40,28 +40,15 @@ SCHEDULE_KEYS = {"name", "peak_lr", "warmup_steps", "decay_frac", "min_lr_ratio"
 EVAL_KEYS = set(TRAIN_DEFAULTS["eval"])
 
 
-def _plain(x: Any) -> Any:
-    if hasattr(x, "to_dict"):
-        return x.to_dict()
-    return copy.deepcopy(x)
-
-
 def merge(base: dict, over: Any) -> dict:
     """Recursive dict merge; ``loss`` and ``mix`` are replaced as a whole, not merged."""
     out = copy.deepcopy(base)
-    for k, v in (_plain(over) or {}).items():
+    for k, v in (to_plain(over) or {}).items():
         if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("loss", "mix"):
             out[k] = merge(out[k], v)
         else:
             out[k] = copy.deepcopy(v)
     return out
-
-
-def _section(full: Any, name: str) -> Any:
-    try:
-        return full[name]
-    except (KeyError, TypeError, AttributeError):
-        return None
 
 
 def _check_keys(check: Checker, section: dict) -> None:
@@ -140,9 +127,9 @@ def _check_values(check: Checker, m: dict, full: Any, stage: str | None) -> None
     if ev.get("max_batches") is not None and (not isinstance(ev["max_batches"], int) or ev["max_batches"] < 1):
         check.error("eval.max_batches", f"must be None or an integer >= 1, got {ev['max_batches']!r}")
     # seq_len within the model's positions (after this stage's YaRN factor).
-    model = _section(full, "model")
+    model = cfg_get(full, "model")
     if S is not None and model is not None:
-        md = _plain(model)
+        md = to_plain(model)
         mpe = md.get("max_position_embeddings")
         att = md.get("attention") or {}
         rs = att.get("rope_scaling") or {}
@@ -166,7 +153,7 @@ def _num(check: Checker, key: str, v: Any, lo, hi, lo_open: bool = False) -> Non
 
 @register_validator("train")
 def validate_train(check: Checker, section: Any, full: Any) -> None:
-    d = _plain(section) or {}
+    d = to_plain(section) or {}
     if not isinstance(d, dict):
         check.error("", f"must be a dict of training settings, got {type(section).__name__}")
         return
@@ -176,12 +163,12 @@ def validate_train(check: Checker, section: Any, full: Any) -> None:
 
 def _stage_validator(stage: str):
     def validate_stage(check: Checker, section: Any, full: Any) -> None:
-        d = _plain(section) or {}
+        d = to_plain(section) or {}
         if not isinstance(d, dict):
             check.error("", f"must be a dict of overrides of config.train, got {type(section).__name__}")
             return
         _check_keys(check, d)
-        merged = merge(merge(TRAIN_DEFAULTS, _section(full, "train")), d)
+        merged = merge(merge(TRAIN_DEFAULTS, cfg_get(full, "train")), d)
         sub = Checker(check.prefix)
         _check_values(sub, merged, full, stage)
         # Report only problems the stage section itself introduces (config.train reports its own).

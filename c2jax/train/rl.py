@@ -68,7 +68,7 @@ def stage_setup(config: Any, workdir: str, prev: dict, name: str) -> tuple[dict,
 
 
 def initial_params(config: Any, rl: dict, prev: dict, cfg: Any):
-    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.checkpoint import Checkpointer
     from c2jax.train.pretrain import init_params
 
     src = rl["init_from"]
@@ -87,7 +87,7 @@ def save_policy(path: str, params: Any, cfg: Any, tokenizer: Any) -> str:
     """Serving checkpoint written once, atomically (a resumed run finds it complete and keeps it)."""
     import shutil
 
-    from c2jax.serve.checkpoint import save_serving_checkpoint
+    from c2jax.sampling.checkpoint import save_serving_checkpoint
 
     if os.path.exists(os.path.join(path, "tokenizer.json")):
         return path
@@ -145,7 +145,7 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.agent.policies import EnginePolicy
     from c2jax.envs import SandboxPool
     from c2jax.sampling import Engine, EngineConfig
-    from c2jax.train.checkpoint import Checkpointer
+    from c2jax.checkpoint import Checkpointer
     from c2jax.train.metrics import MetricsLogger, Progress
     from c2jax.train.rl_family import ensure_family, load_split, make_harness
     from c2jax.train.rl_learner import make_learner

@@ -4,7 +4,7 @@
     logp, aux = fns.logp(params, batch, replay=True) # [B, L] f32 logprobs of batch['targets']
     state, metrics = fns.update(state, batch, logp_ref, version)
 
-`batch` is `c2jax.trajectory.pad_batch`'s dict (numpy or jnp arrays). The forward uses the
+`batch` is `c2jax.batching.pad_batch`'s dict (numpy or jnp arrays). The forward uses the
 learner's MoE implementation (``rl.learner_moe_impl``, dropless: the learner never drops a token)
 and, with ``rl.router_replay``, the routes the sampler recorded (``batch['routes']``); the
 plausibility filter ``rl.replay_margin`` goes into the model config's ``moe.replay_margin``.

@@ -86,7 +86,7 @@ def _announcing(grade_fn: Callable, announce: Callable[[], None]) -> Callable:
 
 async def _one(harness: Any, policy: Any, task: Any, k: int, pool: Any, sem: asyncio.Semaphore, max_len: int,
                grade_fn: Callable | None, on_state: Callable[[Any, int, str], None] | None = None) -> Sample:
-    from c2jax.agent.rollout import _failed, arollout
+    from c2jax.agent.rollout import failed_episode, arollout
 
     async with sem:
         if on_state is not None:
@@ -96,7 +96,7 @@ async def _one(harness: Any, policy: Any, task: Any, k: int, pool: Any, sem: asy
         try:
             ep = await arollout(harness, policy, task, pool=pool, sample=k, grade_fn=grade_fn)
         except Exception as e:  # noqa: BLE001 - a crashed rollout is masked and counted, never fatal
-            ep = _failed(task, k, f"{type(e).__name__}: {e}")
+            ep = failed_episode(task, k, f"{type(e).__name__}: {e}")
             ep.trajectory.metadata["mask_reason"] = f"error:{type(e).__name__}"
         wall = time.monotonic() - t0
     traj = ep.trajectory
@@ -115,10 +115,10 @@ async def acollect(harness: Any, policy: Any, tasks: Sequence[Any], *, group_siz
     """`group_size` graded episodes per task, at most `max_in_flight` at once; order: task-major.
     `on_state(task, k, state)` (optional) hears each episode start ``rolling_out`` and, just before
     its grader runs, ``grading`` (the asynchronous services' sample lifecycle)."""
-    from c2jax.bench.agent_eval import _ensure_threads
+    from c2jax.bench.agent_eval import ensure_threads
 
     grade_fn = grade_fn or grade_validated
-    _ensure_threads(2 * max_in_flight + 8)  # sandbox starts, tools and grading run in threads: room for every episode
+    ensure_threads(2 * max_in_flight + 8)  # sandbox starts, tools and grading run in threads: room for every episode
     sem = asyncio.Semaphore(max_in_flight)
     return list(await asyncio.gather(*(_one(harness, policy, t, k, pool, sem, max_len, grade_fn, on_state)
                                        for t in tasks for k in range(group_size))))

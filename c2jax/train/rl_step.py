@@ -31,7 +31,7 @@ import numpy as np
 from c2jax.train.rl_learner import Learner, mismatch_stats, route_flip_rate
 from c2jax.train.rl_rollouts import Sample, collect, sample_stats
 from c2jax.train.state import TrainState
-from c2jax.trajectory import pad_batch
+from c2jax.batching import pad_batch
 
 
 @dataclasses.dataclass

@@ -18,19 +18,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from c2jax.config import Checker, ConfigError, register_validator
+from c2jax.config import Checker, ConfigError, register_validator, to_plain
 from c2jax.train.stages import STAGES
 
 SFT_MATCHED_DEFAULTS = dict(max_wall_s=600.0, max_steps=100000, peak_lr=3e-4, batch_size=4)
 
 
-def _plain(x: Any) -> dict:
-    return dict(x.to_dict() if hasattr(x, "to_dict") else (x or {}))
-
-
 @register_validator("sft_matched")
 def validate_sft_matched(check: Checker, section: Any, full: Any) -> None:
-    d = _plain(section)
+    d = dict(to_plain(section) or {})
     for k in d:
         if k not in SFT_MATCHED_DEFAULTS:
             check.error(k, f"unknown option; known: {sorted(SFT_MATCHED_DEFAULTS)}")
@@ -46,7 +42,7 @@ def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.train.rl import eval_command, evaluate, initial_params, save_policy, stage_setup
     from c2jax.train.rl_family import ensure_family, load_split
 
-    c = dict(SFT_MATCHED_DEFAULTS, **_plain(config.get("sft_matched")))
+    c = dict(SFT_MATCHED_DEFAULTS, **dict(to_plain(config.get("sft_matched")) or {}))
     rl, seed, out_dir, tokenizer, cfg = stage_setup(config, workdir, prev, "sft_matched")
     fam = ensure_family(config)
     params0 = initial_params(config, rl, prev, cfg)

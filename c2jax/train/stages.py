@@ -14,6 +14,8 @@ import os
 import time
 from typing import Any, Callable
 
+from c2jax.atomic import atomic_write_json
+from c2jax.config import to_plain
 from c2jax.registry import Registry
 
 StageFn = Callable[[Any, str, dict], "tuple[dict, dict]"]
@@ -43,16 +45,7 @@ def known_stages() -> list[str]:
 
 def write_summary(workdir: str, summary: dict) -> str:
     os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "summary.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True, default=str)
-    os.replace(tmp, path)
-    return path
-
-
-def _plain(x: Any) -> Any:
-    return x.to_dict() if hasattr(x, "to_dict") else x
+    return atomic_write_json(os.path.join(workdir, "summary.json"), summary, indent=2, sort_keys=True, default=str)
 
 
 def build_cache(config: Any) -> tuple[list[str], str | None, Any]:
@@ -62,7 +55,7 @@ def build_cache(config: Any) -> tuple[list[str], str | None, Any]:
     content-addressed by everything in the config except ``seed``, ``build.dir``, the sections of the
     later stages and ``rl`` (but ``rl.tasks``, the task family the demonstrations come from), with ``seed`` replaced by ``build.seed``; so a second seed (which changes the RL stage
     only) finds them finished and reuses them. Returns (stages, directory, the build config)."""
-    build = _plain(config.get("build")) if hasattr(config, "get") else None
+    build = to_plain(config.get("build")) if hasattr(config, "get") else None
     if not build or not build.get("stages"):
         return [], None, config
     import copy
@@ -70,8 +63,8 @@ def build_cache(config: Any) -> tuple[list[str], str | None, Any]:
 
     stages = list(build["stages"])
     later = {s for s in list(config.stages) if s not in stages}  # sections of the later stages (rl, ...)
-    plain = {k: _plain(v) for k, v in config.items() if k not in {"seed", "build", "stages", "rl"} | later}
-    plain["rl_tasks"] = (_plain(config.get("rl")) or {}).get("tasks")  # the task family the demos come from
+    plain = {k: to_plain(v) for k, v in config.items() if k not in {"seed", "build", "stages", "rl"} | later}
+    plain["rl_tasks"] = (to_plain(config.get("rl")) or {}).get("tasks")  # the task family the demos come from
     plain["build_seed"], plain["build_stages"] = int(build.get("seed", 0)), stages
     digest = hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
     root = build.get("dir") or os.path.join("runs", "cache")

@@ -22,6 +22,7 @@ to the block sizes the recipe needs (exact: zero blocks contribute nothing).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -31,10 +32,8 @@ from kernels_pallas.gmm import groups, pallas_gmm, triton_gmm
 from kernels_pallas.gmm.reference import gmm_ref, tgmm_ref
 from kernels_pallas.quant import reference as qref
 
-PRECISIONS = ("f32", "bf16", "fp8_blockwise", "mxfp8", "nvfp4_fwd_mxfp8_bwd")
 TRITON_IMPLS = ("triton", "triton_interpret")
 GMM_IMPLS = ("xla", "interpret", "pallas") + TRITON_IMPLS
-_ALIGN = {"f32": 1, "bf16": 1, "fp8_blockwise": 128, "mxfp8": 32, "nvfp4_fwd_mxfp8_bwd": 32}
 _TM = 64
 
 
@@ -86,57 +85,78 @@ def _triton_tgmm(x_ops, dy_ops, gs, kind, impl):
 
 
 # ------------------------------------------------------------------ one GEMM per role
-def _fwd_gemm(a, w, gs, fmt_pair, impl):
-    """a (M,K) @ w[g] (G,K,N) under a recipe family: 'plain32'|'plain16'|'fp8bw'|'mx'|'nvfp4'."""
-    m, k = a.shape
-    n = w.shape[2]
-    if fmt_pair in ("plain32", "plain16"):
-        dt = jnp.float32 if fmt_pair == "plain32" else jnp.bfloat16
+# Forward-style GEMM a (M,K) @ w[g] (G,K,N) per recipe family, registered by family name.
+def _plain_gemm(dt):
+    def gemm(a, w, gs, impl):
+        m, k = a.shape
         a, w = a.astype(dt), w.astype(dt)
         if impl == "xla":
             return jax.lax.ragged_dot(a, w, gs, preferred_element_type=jnp.float32,
                                       precision=jax.lax.Precision.HIGHEST)
         if impl in TRITON_IMPLS:
             return _triton_gmm((a,), (w,), gs, "plain", impl)
-        return _kernel_gmm((a,), (w,), gs, "plain", m, k, n, impl)
-    if fmt_pair == "fp8bw":
-        qa = _q(a, "fp8_blockwise", 1)
-        qw = _q(w, "fp8_blockwise", 1, tile=(128, 128))
-        if impl == "xla":
-            return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
-        if impl in TRITON_IMPLS:
-            return _triton_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "fp8bw", impl)
-        if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper wgmma kernel (hopper.py)
-            from kernels_pallas.gmm.hopper import fp8_blockwise_gmm_hopper
-            return fp8_blockwise_gmm_hopper(_e4m3(qa.data), qa.scales, _e4m3(jnp.swapaxes(qw.data, 1, 2)),
-                                            qw.scales, gs)
-        return _kernel_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "fp8bw",
-                           m, k, n, impl)
-    if fmt_pair == "mx":
-        qa = _q(a, "mxfp8_e4m3", 1)
-        qw = _q(w, "mxfp8_e4m3", 1)
-        if impl == "xla":
-            return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
-        if impl in TRITON_IMPLS:
-            return _triton_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "mx", impl)
-        if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper wgmma kernel (hopper.py)
-            from kernels_pallas.gmm.hopper import mxfp8_gmm_hopper
-            return mxfp8_gmm_hopper(_e4m3(qa.data), qa.scales, _e4m3(jnp.swapaxes(qw.data, 1, 2)),
-                                    qw.scales, gs)
-        return _kernel_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "mx",
-                           m, k, n, impl)
-    if fmt_pair == "nvfp4":
-        qa = _q(a, "nvfp4_per_token", 1)
-        qw = _q(w, "nvfp4", 1, group_axis=0)
-        if impl == "xla" or impl in TRITON_IMPLS:  # no Triton NVFP4 kernel: the reference path
-            return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
-        if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper: BF16 wgmma (hopper.py)
-            from kernels_pallas.gmm.hopper import nvfp4_gmm_hopper
-            return nvfp4_gmm_hopper(qa.data, qa.scales, qa.global_scale, qw.data, qw.scales,
-                                    qw.global_scale, gs)
-        return _kernel_gmm((qa.data, _e4m3(qa.scales), qa.global_scale),
-                           (qw.data, _e4m3(qw.scales), qw.global_scale), gs, "nvfp4", m, k, n, impl)
-    raise ValueError(fmt_pair)
+        return _kernel_gmm((a,), (w,), gs, "plain", m, k, w.shape[2], impl)
+    return gemm
+
+
+def _fp8bw_gemm(a, w, gs, impl):
+    m, k = a.shape
+    qa = _q(a, "fp8_blockwise", 1)
+    qw = _q(w, "fp8_blockwise", 1, tile=(128, 128))
+    if impl == "xla":
+        return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+    if impl in TRITON_IMPLS:
+        return _triton_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "fp8bw", impl)
+    if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper wgmma kernel (hopper.py)
+        from kernels_pallas.gmm.hopper import fp8_blockwise_gmm_hopper
+        return fp8_blockwise_gmm_hopper(_e4m3(qa.data), qa.scales, _e4m3(jnp.swapaxes(qw.data, 1, 2)),
+                                        qw.scales, gs)
+    return _kernel_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "fp8bw",
+                       m, k, w.shape[2], impl)
+
+
+def _mx_gemm(a, w, gs, impl):
+    m, k = a.shape
+    qa = _q(a, "mxfp8_e4m3", 1)
+    qw = _q(w, "mxfp8_e4m3", 1)
+    if impl == "xla":
+        return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+    if impl in TRITON_IMPLS:
+        return _triton_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "mx", impl)
+    if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper wgmma kernel (hopper.py)
+        from kernels_pallas.gmm.hopper import mxfp8_gmm_hopper
+        return mxfp8_gmm_hopper(_e4m3(qa.data), qa.scales, _e4m3(jnp.swapaxes(qw.data, 1, 2)),
+                                qw.scales, gs)
+    return _kernel_gmm((_e4m3(qa.data), qa.scales), (_e4m3(qw.data), qw.scales), gs, "mx",
+                       m, k, w.shape[2], impl)
+
+
+def _nvfp4_gemm(a, w, gs, impl):
+    m, k = a.shape
+    qa = _q(a, "nvfp4_per_token", 1)
+    qw = _q(w, "nvfp4", 1, group_axis=0)
+    if impl == "xla" or impl in TRITON_IMPLS:  # no Triton NVFP4 kernel: the reference path
+        return gmm_ref(qref.dequantize(qa), qref.dequantize(qw), gs)
+    if impl == "pallas" and jax.default_backend() == "gpu":  # Hopper: BF16 wgmma (hopper.py)
+        from kernels_pallas.gmm.hopper import nvfp4_gmm_hopper
+        return nvfp4_gmm_hopper(qa.data, qa.scales, qa.global_scale, qw.data, qw.scales,
+                                qw.global_scale, gs)
+    return _kernel_gmm((qa.data, _e4m3(qa.scales), qa.global_scale),
+                       (qw.data, _e4m3(qw.scales), qw.global_scale), gs, "nvfp4", m, k, w.shape[2], impl)
+
+
+FPROP_GEMMS = {  # recipe family -> gemm(a, w, group_sizes, impl) -> (M, N) f32
+    "plain32": _plain_gemm(jnp.float32),
+    "plain16": _plain_gemm(jnp.bfloat16),
+    "fp8bw": _fp8bw_gemm,
+    "mx": _mx_gemm,
+    "nvfp4": _nvfp4_gemm,
+}
+
+
+def _fwd_gemm(a, w, gs, family, impl):
+    """a (M,K) @ w[g] (G,K,N) under a recipe family (a `FPROP_GEMMS` name)."""
+    return FPROP_GEMMS[family](a, w, gs, impl)
 
 
 def _no_gpu_kernel(what: str):
@@ -198,13 +218,26 @@ def _wgrad_gemm(x, dy, gs, family, impl):
                            interpret=impl == "interpret")
 
 
-_FAMILIES = {  # precision -> (fprop, dgrad, wgrad) families
-    "f32": ("plain32", "plain32", "plain32"),
-    "bf16": ("plain16", "plain16", "plain16"),
-    "fp8_blockwise": ("fp8bw", "fp8bw", "fp8bw"),
-    "mxfp8": ("mx", "mx", "mx"),
-    "nvfp4_fwd_mxfp8_bwd": ("nvfp4", "mx", "mx"),
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A precision's GEMM family per role (`FPROP_GEMMS` names; wgrad: plain or block-quantised)
+    and the contraction-axis alignment its blocks need."""
+
+    fprop: str
+    dgrad: str
+    wgrad: str
+    align: int
+
+
+# The registry of precisions: `grouped_matmul(precision=...)` accepts exactly these names.
+RECIPES: dict[str, Recipe] = {
+    "f32": Recipe("plain32", "plain32", "plain32", 1),
+    "bf16": Recipe("plain16", "plain16", "plain16", 1),
+    "fp8_blockwise": Recipe("fp8bw", "fp8bw", "fp8bw", 128),
+    "mxfp8": Recipe("mx", "mx", "mx", 32),
+    "nvfp4_fwd_mxfp8_bwd": Recipe("nvfp4", "mx", "mx", 32),
 }
+PRECISIONS = tuple(RECIPES)
 
 
 # ------------------------------------------------------------------ custom_vjp
@@ -214,11 +247,11 @@ def _gmm_vjp(lhs, rhs, group_sizes, precision, impl):
 
 
 def _forward(lhs, rhs, gs, precision, impl):
-    align = _ALIGN[precision]
+    recipe = RECIPES[precision]
     k, n = lhs.shape[1], rhs.shape[2]
-    a = _pad_axis(lhs, 1, align)
-    w = _pad_axis(_pad_axis(rhs, 1, align), 2, 128 if precision == "fp8_blockwise" else 1)
-    y = _fwd_gemm(a, w, gs, _FAMILIES[precision][0], impl)
+    a = _pad_axis(lhs, 1, recipe.align)
+    w = _pad_axis(_pad_axis(rhs, 1, recipe.align), 2, 128 if recipe.fprop == "fp8bw" else 1)
+    y = _fwd_gemm(a, w, gs, recipe.fprop, impl)
     return y[:, :n].astype(lhs.dtype)
 
 
@@ -228,8 +261,8 @@ def _gmm_fwd(lhs, rhs, group_sizes, precision, impl):
 
 def _gmm_bwd(precision, impl, res, dy):
     lhs, rhs, gs = res
-    _, dfam, wfam = _FAMILIES[precision]
-    align = _ALIGN[precision]
+    recipe = RECIPES[precision]
+    dfam, wfam, align = recipe.dgrad, recipe.wgrad, recipe.align
     m, k = lhs.shape
     n = rhs.shape[2]
     # dgrad: dX = dY @ W^T, contraction over N

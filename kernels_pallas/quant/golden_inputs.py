@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 
 
-def _grid_midpoints(dtype, top: float) -> np.ndarray:
+def grid_midpoints(dtype, top: float) -> np.ndarray:
     """All positive finite values of a small float dtype up to `top` and the midpoints between them."""
     vals = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)))
     vals = vals[np.isfinite(vals) & (vals <= top)]
@@ -23,7 +23,7 @@ def _grid_midpoints(dtype, top: float) -> np.ndarray:
 
 def _tie_rows(dtype, top: float, k: int, rng) -> np.ndarray:
     """Rows whose 32-blocks hold `top` (so the RCEIL scale is exactly 1) plus grid values and ties."""
-    pts = _grid_midpoints(dtype, top)
+    pts = grid_midpoints(dtype, top)
     n_per = 31
     rows = []
     pts = rng.permutation(np.concatenate([pts, -pts]))

@@ -64,7 +64,7 @@ def mx_quantize_2d(x: jax.Array, fmt: str, scale_mode: str = "rceil", interpret:
                    tr: int = DEFAULT_ROW_TILE):
     """x (R, K) -> (codes uint8 (R, K) or packed (R, K/2), E8M0 bytes (R, K/32))."""
     elem = get_format(fmt).elem
-    ref._blocks(x[:1], 32)  # shape check with a clear error
+    ref.to_blocks(x[:1], 32)  # shape check with a clear error
     tr = min(tr, x.shape[0])
     xp, r = _pad_rows(x, tr)
     rp, k = xp.shape
@@ -112,7 +112,7 @@ def nvfp4_quantize_2d(x: jax.Array, gamax: jax.Array | None = None, per_row: boo
     `per_row=True` is `nvfp4_per_token` (amax of each row inside the kernel); otherwise `gamax`
     is the per-row global amax to use, shape (R, 1) (the tensor amax broadcast, or the amax of
     the expert each row belongs to)."""
-    ref._blocks(x[:1], 16)
+    ref.to_blocks(x[:1], 16)
     tr = min(tr, x.shape[0])
     if gamax is None:
         gamax = jnp.broadcast_to(jnp.max(jnp.abs(x.astype(jnp.float32))), (x.shape[0], 1))
@@ -161,7 +161,7 @@ def fp8_blockwise_quantize_2d(x: jax.Array, tile=(1, 128), div: str = "exact",
     tile = tuple(tile)
     r, k = x.shape
     if tile == (1, 128):
-        ref._blocks(x[:1], 128)
+        ref.to_blocks(x[:1], 128)
         tr = min(tr, r)
         xp, r = _pad_rows(x, tr)
         rp = xp.shape[0]

@@ -60,7 +60,7 @@ def elem_values(codes: jax.Array, elem: ElemFormat) -> jax.Array:
     return jax.lax.bitcast_convert_type(codes, elem.dtype).astype(jnp.float32)
 
 
-def _blocks(x: jax.Array, block: int) -> jax.Array:
+def to_blocks(x: jax.Array, block: int) -> jax.Array:
     """(..., K) -> (..., K/block, block); K must be a multiple of block."""
     k = x.shape[-1]
     if k % block:
@@ -72,7 +72,7 @@ def _blocks(x: jax.Array, block: int) -> jax.Array:
 # ------------------------------------------------------------------ MX
 def mx_quantize_last(x: jax.Array, elem: ElemFormat, scale_mode: str = "rceil"):
     """MX quantisation along the last axis. Returns (codes (..., K) uint8 unpacked, scales uint8)."""
-    xb = _blocks(x.astype(jnp.float32), 32)                      # (..., nb, 32)
+    xb = to_blocks(x.astype(jnp.float32), 32)                      # (..., nb, 32)
     amax = jnp.max(jnp.abs(xb), axis=-1)                          # (..., nb), NaN-propagating
     if scale_mode == "rceil":
         s = bits.e8m0_rceil(amax, elem.emax, elem.mant_thresh)
@@ -88,7 +88,7 @@ def mx_quantize_last(x: jax.Array, elem: ElemFormat, scale_mode: str = "rceil"):
 
 
 def mx_dequantize_last(codes: jax.Array, s: jax.Array, elem: ElemFormat) -> jax.Array:
-    vals = _blocks(elem_values(codes, elem), 32)
+    vals = to_blocks(elem_values(codes, elem), 32)
     return (vals * bits.pow2_from_e8m0(s)[..., None]).reshape(codes.shape)
 
 
@@ -120,7 +120,7 @@ def nvfp4_quantize_last(x: jax.Array, gamax: jax.Array, div: str = "exact"):
 
     Returns (codes (..., K) uint8 unpacked, scale bytes (..., K/16), S_dec shaped like gamax).
     """
-    xb = _blocks(x.astype(jnp.float32), 16)
+    xb = to_blocks(x.astype(jnp.float32), 16)
     vmax = jnp.max(jnp.abs(xb), axis=-1)                          # (..., nb)
     s_enc, s_dec = nvfp4_global_scales(gamax.astype(jnp.float32), div)
     byte, enc = nvfp4_block_scales(vmax, s_enc, s_dec, div)
@@ -131,7 +131,7 @@ def nvfp4_quantize_last(x: jax.Array, gamax: jax.Array, div: str = "exact"):
 
 
 def nvfp4_dequantize_last(codes, byte, s_dec) -> jax.Array:
-    vals = _blocks(bits.e2m1_decode(codes), 16)
+    vals = to_blocks(bits.e2m1_decode(codes), 16)
     sdec = jax.lax.bitcast_convert_type(byte, jnp.float8_e4m3fn).astype(jnp.float32)
     return ((vals * sdec[..., None]) * s_dec[..., None]).reshape(codes.shape)
 
@@ -147,7 +147,7 @@ def fp8_blockwise_quantize(x: jax.Array, tile: tuple, div: str = "exact"):
     """1x128 (along the last axis) or 128x128 (over the last two axes) FP8 E4M3 quantisation."""
     xf = x.astype(jnp.float32)
     if tuple(tile) == (1, 128):
-        xb = _blocks(xf, 128)[..., None, :]                         # (..., nb, 1, 128)
+        xb = to_blocks(xf, 128)[..., None, :]                         # (..., nb, 1, 128)
     elif tuple(tile) == (128, 128):
         r, c = x.shape[-2:]
         if r % 128 or c % 128:
@@ -176,7 +176,7 @@ def _unblock(b: jax.Array, shape, tile) -> jax.Array:
 def fp8_blockwise_dequantize(codes: jax.Array, dec: jax.Array, tile: tuple) -> jax.Array:
     vals = elem_values(codes, E4M3)
     if tuple(tile) == (1, 128):
-        return (_blocks(vals, 128) * dec[..., None]).reshape(codes.shape)
+        return (to_blocks(vals, 128) * dec[..., None]).reshape(codes.shape)
     r, c = codes.shape[-2:]
     full = jnp.repeat(jnp.repeat(dec, 128, axis=-2), 128, axis=-1)
     return vals * full

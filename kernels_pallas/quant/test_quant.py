@@ -169,7 +169,7 @@ def test_fp8_blockwise_edges(impl):
 
 
 def test_e2m1_encoder_matches_dtype_cast_on_grid_and_ties():
-    pts = golden_inputs._grid_midpoints(ml_dtypes.float4_e2m1fn, 6.0)
+    pts = golden_inputs.grid_midpoints(ml_dtypes.float4_e2m1fn, 6.0)
     pts = np.concatenate([pts, -pts, [0.1, -0.1, 5.9, -5.99, 0.0]]).astype(np.float32)
     ours = np.asarray(bits.e2m1_encode(jnp.asarray(pts)))
     cast = pts.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF

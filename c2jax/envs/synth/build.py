@@ -34,9 +34,11 @@ import threading
 import time
 from typing import Any, Callable
 
+from c2jax.atomic import atomic_write_json
 from c2jax.envs import derive_env, images
 from c2jax.envs.grading import grade, run_tests
-from c2jax.envs.synth import leakage, mutate, prompt
+from c2jax.envs.synth import leakage, prompt
+from c2jax.envs.synth.families import TASK_FAMILIES, Candidate, Targets, make_candidate, read_source
 from c2jax.envs.synth.patches import apply_patch_host, make_patch
 from c2jax.envs.synth.sources import Codebase
 from c2jax.envs.synth.wheelhouse import runner_wheelhouse
@@ -45,20 +47,6 @@ from c2jax.envs.tasks import DEFAULT_PROTECTED, HiddenTests, TaskRecord, TestSpe
 log = logging.getLogger(__name__)
 GENERATOR_VERSION = "1"
 GOLD_RUNS = 3
-
-
-@dataclasses.dataclass
-class Targets:
-    """How many tasks of each category to make from one codebase (and how hard to try)."""
-
-    bug: int = 4
-    multi_bug: int = 1
-    feature_deletion: int = 2
-    max_attempts: int = 60
-    deletion_min_lines: int = 50
-    deletion_min_files: int = 2
-    deletion_max_lines: int = 400
-    max_test_file_s: float = 20.0  # test files slower than this per gold run are not used
 
 
 @dataclasses.dataclass
@@ -106,16 +94,11 @@ def codebase_env(cb: Codebase, runner: str) -> str:
                                 env_id="cb-" + key, extra_meta={"codebase": cb.name})
 
 
-def _read(cb: Codebase, rel: str) -> str:
-    with open(os.path.join(cb.root, rel), encoding="utf-8", newline="") as f:
-        return f.read()
-
-
 def hide_env(cb: Codebase, env_id: str) -> tuple[str, list[tuple[str, str]]]:
     """Cover every pristine copy of the codebase's files visible outside /workspace."""
     files = {}
     for rel in cb.source_files + cb.test_files:
-        text = _read(cb, rel)
+        text = read_source(cb, rel)
         if len(text.encode()) >= 64:  # tiny files (empty __init__.py) match countless unrelated ones
             files[rel] = text
     hits = leakage.scan(env_id, files, cb.source_files + cb.test_files)
@@ -173,91 +156,8 @@ def gold_outcomes(cb: Codebase, env_id: str, ctx: BuildContext) -> dict[str, dic
         with cf.ThreadPoolExecutor(max(1, ctx.workers)) as ex:
             for tf, res in ex.map(one, todo):
                 cache[tf] = res
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # concurrent builds share the cache
-        with open(tmp, "w") as f:
-            json.dump(cache, f)
-        os.replace(tmp, path)
+        atomic_write_json(path, cache)  # concurrent builds share the cache: unique temporary files
     return cache
-
-
-# ---- candidates -----------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Candidate:
-    category: str
-    subcategory: str
-    new_texts: dict[str, str]  # path -> broken text
-    functions: list[tuple[str, str, str]]  # (path, qualname, docstring)
-    seed: int
-
-
-def _tested_sources(cb: Codebase, gold: dict) -> list[str]:
-    return [s for s in cb.source_files if any(gold.get(t, {}).get("stable") for t in cb.tests_for(s))]
-
-
-def make_candidate(cb: Codebase, category: str, rng: random.Random, targets: Targets, gold: dict,
-                   seed: int) -> Candidate | None:
-    srcs = _tested_sources(cb, gold)
-    if not srcs:
-        return None
-    if category in ("bug_injection", "multi_bug"):
-        n = 1 if category == "bug_injection" else rng.choice((2, 3))
-        chosen: list[mutate.Mutation] = []
-        for _ in range(n * 6):
-            path = rng.choice(srcs)
-            muts = mutate.candidates(path, _read(cb, path))
-            m = mutate.sample(muts, rng, rng.choice(mutate.KINDS))
-            if m is None or any(c.function == m.function and c.path == m.path for c in chosen):
-                continue
-            chosen.append(m)
-            if len(chosen) == n:
-                break
-        if len(chosen) < n:
-            return None
-        by_file: dict[str, list[mutate.Edit]] = {}
-        for m in chosen:
-            by_file.setdefault(m.path, []).extend(m.edits)
-        new = {p: mutate.apply_edits(_read(cb, p), es) for p, es in by_file.items()}
-        sub = "+".join(sorted({m.kind for m in chosen}))
-        return Candidate(category, sub, new, [(m.path, m.function, "") for m in chosen], seed)
-    # feature deletion
-    files = list(srcs)
-    rng.shuffle(files)
-    pool: list[mutate.Deletable] = []
-    for p in files:
-        try:
-            ds = mutate.deletable_functions(p, _read(cb, p))
-        except SyntaxError:
-            continue
-        rng.shuffle(ds)
-        pool.extend(ds)
-    chosen_d: list[mutate.Deletable] = []
-    total = 0
-    used_files: set[str] = set()
-    # first make sure of >= min_files distinct files, then fill to the line target
-    for want_new_file in (True, False):
-        for d in pool:
-            if d in chosen_d or total >= targets.deletion_min_lines and len(used_files) >= targets.deletion_min_files:
-                continue
-            if want_new_file and d.path in used_files:
-                continue
-            if total + d.lines > targets.deletion_max_lines:
-                continue
-            if any(o.path == d.path and not (d.edit.end <= o.edit.start or o.edit.end <= d.edit.start) for o in chosen_d):
-                continue
-            chosen_d.append(d)
-            used_files.add(d.path)
-            total += d.lines
-            if want_new_file and len(used_files) >= targets.deletion_min_files:
-                break
-    if total < targets.deletion_min_lines or len(used_files) < targets.deletion_min_files:
-        return None
-    by_file2: dict[str, list[mutate.Edit]] = {}
-    for d in chosen_d:
-        by_file2.setdefault(d.path, []).append(d.edit)
-    new = {p: mutate.apply_edits(_read(cb, p), es) for p, es in by_file2.items()}
-    return Candidate("feature_deletion", f"{len(chosen_d)}_functions", new,
-                     [(d.path, d.function, d.docstring) for d in chosen_d], seed)
 
 
 # ---- validation -----------------------------------------------------------------------------------
@@ -291,7 +191,7 @@ def combined_gold_collect_errors(cb: Codebase, env_id: str, test_files: list[str
 def validate_candidate(cb: Codebase, cand: Candidate, env_id: str, gold: dict, ctx: BuildContext,
                        split: str) -> TaskRecord:
     t0 = time.monotonic()
-    pristine = {p: _read(cb, p) for p in cand.new_texts}
+    pristine = {p: read_source(cb, p) for p in cand.new_texts}
     for p, text in cand.new_texts.items():
         try:
             compile(text, p, "exec")
@@ -302,7 +202,7 @@ def validate_candidate(cb: Codebase, cand: Candidate, env_id: str, gold: dict, c
     broken_patch = make_patch(pristine, cand.new_texts)
     test_files = sorted({t for p in cand.new_texts for t in cb.tests_for(p)})
     for attempt in range(2):
-        hidden = {t: _read(cb, t) for t in test_files}
+        hidden = {t: read_source(cb, t) for t in test_files}
         stable = sorted({i for t in test_files for i in gold.get(t, {}).get("stable", [])})
         if not stable:
             raise Skip("no stable test covers the changed files")
@@ -337,11 +237,7 @@ def validate_candidate(cb: Codebase, cand: Candidate, env_id: str, gold: dict, c
         raise Skip("gold patch does not restore the pristine files")
     agent_base = make_patch({**pristine, **hidden}, {**cand.new_texts, **{t: None for t in hidden}})
     task_env = derive_env(env_id, agent_base)
-    rng = random.Random(cand.seed)
-    if cand.category == "feature_deletion":
-        text = prompt.deletion_prompt(cand.functions, f2p, rng, gold_patch)
-    else:
-        text = prompt.bug_prompt(sorted(cand.new_texts), f2p, rng, multi=cand.category == "multi_bug")
+    text = TASK_FAMILIES.get(cand.category).prompt(cand, f2p, random.Random(cand.seed), gold_patch)
     if prompt.leaks(text, gold_patch):
         raise Skip("prompt would leak the solution")
     lines, nfiles = patch_stats(gold_patch)
@@ -412,7 +308,7 @@ def build_codebase(cb: Codebase, targets: Targets, ctx: BuildContext, split: str
         rep["dropped_slow_test_files"] = slow
     if unusable:
         rep["dropped_unusable_test_files"] = unusable
-    want = {"bug_injection": targets.bug, "multi_bug": targets.multi_bug, "feature_deletion": targets.feature_deletion}
+    want = {name: TASK_FAMILIES.get(name).count(targets) for name in TASK_FAMILIES.in_order()}
     got: dict[str, list[TaskRecord]] = {k: [] for k in want}
     seen: set[str] = set()
     base_seed = int(hashlib.sha256(f"{ctx.seed}:{cb.name}".encode()).hexdigest()[:8], 16)
@@ -424,7 +320,7 @@ def build_codebase(cb: Codebase, targets: Targets, ctx: BuildContext, split: str
             seed = base_seed + attempt
             attempt += 1
             cat = open_cats[attempt % len(open_cats)]
-            cand = make_candidate(cb, cat, random.Random(seed), targets, gold, seed)
+            cand = make_candidate(cb, cat, random.Random(seed), targets, gold, seed)  # by TASK_FAMILIES
             if cand is None:
                 rep["skipped"]["no candidate"] = rep["skipped"].get("no candidate", 0) + 1
                 continue

@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 from typing import Mapping
 
-from c2jax.envs.gitdiff import _rewrite_headers
+from c2jax.envs.gitdiff import rewrite_headers
 
 
 def make_patch(old: Mapping[str, str | None], new: Mapping[str, str | None]) -> str:
@@ -34,7 +34,7 @@ def make_patch(old: Mapping[str, str | None], new: Mapping[str, str | None]) -> 
                            cwd=tmp, env=env, capture_output=True)
         if r.returncode not in (0, 1):
             raise RuntimeError(f"git diff failed: {r.stderr.decode(errors='replace')}")
-        return _rewrite_headers(r.stdout.decode("utf-8", errors="surrogateescape"))
+        return rewrite_headers(r.stdout.decode("utf-8", errors="surrogateescape"))
 
 
 def apply_patch_host(root_files: Mapping[str, str | None], patch: str, *,

@@ -19,6 +19,8 @@ import os
 import re
 import zipfile
 
+from c2jax.atomic import atomic_open
+
 # pytest's runtime closure on Python 3.11 (pygments is needed by pytest >= 8.4).
 RUNNER_DISTS = ("pytest", "pluggy", "iniconfig", "packaging", "pygments")
 
@@ -60,10 +62,8 @@ def repack_installed(name: str, out_dir: str) -> str:
         info = zipfile.ZipInfo(f"{dist_info}/RECORD", date_time=(2020, 1, 1, 0, 0, 0))
         info.external_attr = 0o644 << 16
         zf.writestr(info, record.getvalue())
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
+    with atomic_open(path, "wb") as fh:
         fh.write(buf.getvalue())
-    os.replace(tmp, path)
     return path
 
 

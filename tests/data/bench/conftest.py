@@ -1,2 +1,2 @@
-"""Fixture trees for tests/test_bench_adapters.py: task formats and repositories, not tests to collect."""
+"""Fixture trees for tests/bench/test_bench_adapters.py: task formats and repositories, not tests to collect."""
 collect_ignore_glob = ["*"]

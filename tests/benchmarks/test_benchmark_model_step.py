@@ -1,0 +1,73 @@
+"""benchmarks/model_step.py: the parity gate stops a run whose rows do not compute the same thing,
+bad arguments fail before any compute, and (slow) the whole fair harness runs end to end on a tiny
+batch with both timing modes. Nothing here is timed or compared for speed."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from _paths import REPO_ROOT  # noqa: E402
+
+ROOT = REPO_ROOT
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+_omp = os.environ.get("OMP_WAIT_POLICY")
+import model_step  # noqa: E402  (sets OMP_WAIT_POLICY for the benchmark's own process: undo it here)
+
+if _omp is None:
+    os.environ.pop("OMP_WAIT_POLICY", None)
+
+
+class _Fake:
+    def __init__(self, loss: float, grad_norm: float):
+        self.loss, self.gn = loss, grad_norm
+
+    def step(self) -> float:
+        return self.loss
+
+    def grad_norm(self) -> float:
+        return self.gn
+
+
+def test_parity_gate_passes_equal_rows_and_ignores_the_dropping_row():
+    steps = {"torch": _Fake(8.0, 2.0), "jax-dropless": _Fake(8.0 * (1 + 5e-7), 2.0 * (1 + 5e-5)),
+             "jax-capacity": _Fake(9.0, 3.0)}  # different computation: reported, not gated
+    got = model_step.check_parity(list(steps), steps, loss_rtol=1e-6)
+    assert got["jax-capacity"] == (9.0, 3.0)
+
+
+@pytest.mark.parametrize("loss,gn", [(8.0 * (1 + 3e-6), 2.0), (8.0, 2.0 * (1 + 1e-3))])
+def test_parity_gate_stops_when_a_same_computation_row_differs(loss, gn):
+    steps = {"torch": _Fake(8.0, 2.0), "jax-dropless": _Fake(loss, gn)}
+    with pytest.raises(SystemExit, match="parity gate FAILED for \\['jax-dropless'\\]"):
+        model_step.check_parity(list(steps), steps, loss_rtol=1e-6)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--rows", "jax-dropless,tf"], "unknown"),
+    (["--repeats", "3"], "must be >= 5"),
+    (["--modes", "alone,both"], "--modes"),
+    (["--batch", "0"], "--batch"),
+    (["--warmup", "0"], "--warmup"),
+])
+def test_bad_arguments_fail_before_compute(argv, msg, capsys):
+    with pytest.raises(SystemExit):
+        model_step.parse_args(argv)
+    assert msg in capsys.readouterr().err
+
+
+@pytest.mark.slow  # compiles the small model twice and starts 3 workers: ~2-4 min on 2 cores
+def test_model_step_runs_fair_end_to_end():
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "model_step.py"), "--batch", "1", "--seq", "64",
+           "--rows", "jax-dropless,jax-capacity,torch", "--repeats", "5", "--profile"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = r.stdout
+    assert "'attn_implementation': 'sdpa'" in out and "'OMP_WAIT_POLICY': 'PASSIVE'" in out
+    assert "parity jax-dropless" in out and "[different computation: not gated]" in out
+    assert "== interleaved" in out and "== alone" in out and "FAILED" not in out
+    assert out.count("n=5") == 6  # 3 rows x 2 modes, each a median of 5 with its spread
+    assert "drops" in out and "by kind of work" in out and "matmul" in out

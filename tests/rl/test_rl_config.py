@@ -1,0 +1,132 @@
+"""The ``rl`` section: rl_quickstart writes every RL default explicitly (so every key can be overridden
+on the locked config), a bad section fails before any compute naming each bad key and its allowed
+values, and the single-epoch task stream is deterministic, resumable and upsamples hard buckets."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+from _paths import REPO_ROOT  # noqa: E402
+
+ROOT = REPO_ROOT
+CONFIG = os.path.join(ROOT, "experiments", "configs", "rl_quickstart.py")
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("rl_quickstart", CONFIG)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+def _paths(d, prefix=""):
+    out = set()
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and k != "rewards":
+            out |= _paths(v, key + ".")
+        else:
+            out.add(key)
+    return out
+
+
+@pytest.mark.parametrize("preset", ["default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0",
+                                    "sft_matched"])
+def test_rl_quickstart_writes_every_rl_default(preset):
+    from c2jax.config import validate
+    from c2jax.rl.stage_config import full_rl_defaults
+
+    cfg = _module().get_config(preset)
+    have = _paths(cfg.rl.to_dict())
+    want = _paths(full_rl_defaults())
+    assert want <= have, f"keys of the RL defaults missing from rl_quickstart: {sorted(want - have)}"
+    validate(cfg, warn=False)
+
+
+def test_presets_change_what_they_say():
+    m = _module()
+    assert m.get_config("std_norm").rl.advantage.std_normalize is True
+    assert m.get_config("token_mean").rl.aggregation.name == "token_mean"
+    k3 = m.get_config("k3_in_loss").rl.kl
+    assert (k3.estimator, k3.placement) == ("k3", "loss") and k3.coef > 0
+    assert m.get_config("no_replay").rl.router_replay is False
+    assert m.get_config("q0").rl.rewards.length.q == 0.0
+    assert m.get_config("default").rl.kl.coef == 0.0 and m.get_config("default").rl.kl.estimator == "k1"
+
+
+def test_bad_rl_section_names_every_bad_key():
+    from c2jax.config import ConfigError, validate
+
+    cfg = _module().get_config("default")
+    cfg.rl.steps = 0
+    cfg.rl.learner_moe_impl = "capacity"
+    cfg.rl.max_staleness = -1
+    cfg.rl.tasks.suite = "nope"
+    cfg.rl.eval.k = 0
+    cfg.rl.curriculum.weights = {"tokens": 1.0}
+    with pytest.raises(ConfigError) as e:
+        validate(cfg, warn=False)
+    keys = {k for k, _ in e.value.problems}
+    assert {"rl.steps", "rl.learner_moe_impl", "rl.max_staleness", "rl.tasks.suite", "rl.eval.k",
+            "rl.curriculum.weights.tokens"} <= keys
+    msg = str(e.value)
+    assert "['dropless', 'pallas', 'sampler_dense']" in msg and "['toyfix']" in msg  # the exact MoE impls
+
+
+def test_single_epoch_needs_enough_tasks():
+    from c2jax.config import ConfigError, validate
+
+    cfg = _module().get_config("default")
+    cfg.rl.tasks.n_train = 10
+    with pytest.raises(ConfigError, match="rl.tasks.n_train"):
+        validate(cfg, warn=False)
+
+
+def test_run_py_rejects_a_bad_rl_section_before_any_compute(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"), f"--config={CONFIG}:smoke",
+                        f"--workdir={tmp_path / 'w'}", "--config.rl.group_size=1", "--config.rl.top_p=2.0",
+                        "--config.rl.objective.name=bogus"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    for key in ("rl.group_size", "rl.top_p", "rl.objective.name"):
+        assert key in r.stderr
+    assert not (tmp_path / "w").exists()  # nothing ran
+
+
+def _tasks(n, buckets=("a", "b")):
+    return [types.SimpleNamespace(instance_id=f"t{i:03d}", metadata={"bucket": buckets[i % len(buckets)]})
+            for i in range(n)]
+
+
+def test_task_stream_single_epoch_deterministic_and_resumable():
+    from c2jax.train.rl_tasks import TaskStream
+
+    tasks = _tasks(12)
+    a, b = TaskStream(tasks, seed=1), TaskStream(tasks, seed=1)
+    first = [t.instance_id for t in a.take(4, 0)]
+    assert first == [t.instance_id for t in b.take(4, 0)]
+    assert first != [t.instance_id for t in TaskStream(tasks, seed=2).take(4, 0)]
+    state = a.state()
+    rest = [t.instance_id for t in a.take(8, 1)]
+    c = TaskStream(tasks, seed=1)
+    c.load_state(state)
+    assert [t.instance_id for t in c.take(8, 1)] == rest
+    assert sorted(first + rest) == sorted(t.instance_id for t in tasks)  # each task exactly once
+    with pytest.raises(RuntimeError, match="exhausted"):
+        a.take(1, 3)
+
+
+def test_task_stream_upsamples_the_harder_bucket_after_the_switch():
+    from c2jax.train.rl_tasks import TaskStream
+
+    tasks = _tasks(40)
+    s = TaskStream(tasks, seed=0, upsample_after_step=1, weights={"turns": 1.0}, pool=4)
+    for t in s.take(4, 0):  # before the switch: permutation order
+        s.observe(t.instance_id, turns=9.0 if t.metadata["bucket"] == "b" else 1.0)
+    picked = s.take(8, 1)
+    share_b = sum(t.metadata["bucket"] == "b" for t in picked) / len(picked)
+    assert share_b >= 0.75  # the hard bucket dominates once upsampling starts (0.5 without)

@@ -1,0 +1,103 @@
+"""`experiments/run.py --config experiments/configs/rl_quickstart.py:smoke` end to end (CPT -> agent
+SFT -> RL -> held-out evaluation) in a subprocess, and (slow) kill -9 mid-RL + rerun = the
+uninterrupted run's parameters, bit for bit."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from _envs_common import needs_bwrap
+from _paths import REPO_ROOT  # noqa: E402
+
+ROOT = REPO_ROOT
+CONFIG = os.path.join(ROOT, "experiments", "configs", "rl_quickstart.py")
+
+pytestmark = needs_bwrap
+
+STEP_METRICS = ("reward/total", "reward/task", "reward/length", "reward/broken_tool_calls", "pass_rate",
+                "adv/abs_mean", "kl/k1", "kl/k3", "mismatch/with_replay/mean", "mismatch/with_replay/p99",
+                "mismatch/no_replay/mean", "mismatch/no_replay/p99", "route_flip_rate", "staleness/hist/0",
+                "effort/turns", "effort/tool_calls", "tokens/policy", "tokens/learner", "rollouts/graded",
+                "time/rollout_s", "time/grading_s_sum", "time/learner_s", "time/publish_s", "version")
+
+
+def _cmd(workdir, cache, *extra):
+    return [sys.executable, os.path.join(ROOT, "experiments", "run.py"), f"--config={CONFIG}:smoke",
+            f"--workdir={workdir}", f"--config.build.dir={cache}",
+            f"--config.data.dir={os.path.join(str(cache), 'data')}", *extra]
+
+
+def _env():
+    return dict(os.environ, C2JAX_PROGRESS="0", JAX_PLATFORMS="cpu")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("rl_cache")
+
+
+def test_smoke_preset_end_to_end(tmp_path, cache):
+    r = subprocess.run(_cmd(tmp_path / "w", cache), capture_output=True, text=True, timeout=600, env=_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.load(open(tmp_path / "w" / "summary.json"))
+    assert set(summary) == {"cpt", "agent_sft", "rl"}
+    rl = summary["rl"]
+    for key in ("pass_at_1_before", "pass_at_1_after", "pass_at_2_before", "pass_at_2_after"):
+        assert 0.0 <= rl[key] <= 1.0
+    for key in ("pass_at_1_diff_ci", "pass_at_2_diff_ci"):
+        assert rl[key]["lo"] <= rl[key]["hi"]
+    assert rl["rollouts"] == 2 * 2 * 2 and rl["final_version"] == 2
+    assert "--policy engine" in rl["eval_command"] and "--k 2" in rl["eval_command"]
+    assert rl["masked_rate_before"] <= 0.02 and rl["masked_rate_after"] <= 0.02
+    rows = [json.loads(line) for line in open(tmp_path / "w" / "rl" / "train.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in STEP_METRICS:
+        assert key in rows[-1], key
+    assert rows[-1]["mismatch/with_replay/mean"] < 1e-4  # replay: learner == sampler up to float noise
+    for name in ("rl_curve.png", "report.md", "policy_init/tokenizer.json", "policy_final/model.json"):
+        assert (tmp_path / "w" / "rl" / name).exists(), name
+    assert "Time breakdown" in (tmp_path / "w" / "rl" / "report.md").read_text()
+    assert summary["cpt"]["build_dir"] == summary["agent_sft"]["build_dir"]  # cached build stages
+
+
+def _param_hash(workdir) -> str:
+    from c2jax.checkpoint import Checkpointer
+
+    step, params = Checkpointer(os.path.join(workdir, "rl", "checkpoints")).restore_params()
+    import jax
+
+    h = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(params):
+        h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return f"{step}:{h.hexdigest()}"
+
+
+@pytest.mark.slow
+def test_kill9_mid_rl_then_rerun_is_bit_identical(tmp_path, cache):
+    extra = ("--config.rl.steps=3", "--config.rl.eval.enabled=False", "--config.rl.tasks.n_train=6",
+             "--config.seed=3")
+    a = subprocess.run(_cmd(tmp_path / "a", cache, *extra), capture_output=True, text=True, timeout=900, env=_env())
+    assert a.returncode == 0, a.stderr[-3000:]
+    ck = tmp_path / "b" / "rl" / "checkpoints"
+    p = subprocess.Popen(_cmd(tmp_path / "b", cache, *extra), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=_env(), start_new_session=True)
+    t0 = time.time()
+    while time.time() - t0 < 600:  # kill -9 right after the first RL step checkpoint lands
+        if ck.exists() and any(d.isdigit() for d in os.listdir(ck)):
+            break
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    steps = [d for d in os.listdir(ck) if d.isdigit()]
+    assert steps and max(int(s) for s in steps) < 3, steps
+    b = subprocess.run(_cmd(tmp_path / "b", cache, *extra), capture_output=True, text=True, timeout=900, env=_env())
+    assert b.returncode == 0, b.stderr[-3000:]
+    assert _param_hash(tmp_path / "a") == _param_hash(tmp_path / "b")
