@@ -3,22 +3,16 @@ SFT -> RL -> held-out evaluation) in a subprocess, and (slow) kill -9 mid-RL + r
 uninterrupted run's parameters, bit for bit."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
-import numpy as np
 import pytest
 
 from _envs_common import needs_bwrap
-from _paths import REPO_ROOT  # noqa: E402
-
-ROOT = REPO_ROOT
-CONFIG = os.path.join(ROOT, "experiments", "configs", "rl_quickstart.py")
+from _rl_smoke_common import _cmd, _env, _param_hash
 
 pytestmark = needs_bwrap
 
@@ -27,16 +21,6 @@ STEP_METRICS = ("reward/total", "reward/task", "reward/length", "reward/broken_t
                 "mismatch/no_replay/mean", "mismatch/no_replay/p99", "route_flip_rate", "staleness/hist/0",
                 "effort/turns", "effort/tool_calls", "tokens/policy", "tokens/learner", "rollouts/graded",
                 "time/rollout_s", "time/grading_s_sum", "time/learner_s", "time/publish_s", "version")
-
-
-def _cmd(workdir, cache, *extra):
-    return [sys.executable, os.path.join(ROOT, "experiments", "run.py"), f"--config={CONFIG}:smoke",
-            f"--workdir={workdir}", f"--config.build.dir={cache}",
-            f"--config.data.dir={os.path.join(str(cache), 'data')}", *extra]
-
-
-def _env():
-    return dict(os.environ, C2JAX_PROGRESS="0", JAX_PLATFORMS="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +50,6 @@ def test_smoke_preset_end_to_end(tmp_path, cache):
         assert (tmp_path / "w" / "rl" / name).exists(), name
     assert "Time breakdown" in (tmp_path / "w" / "rl" / "report.md").read_text()
     assert summary["cpt"]["build_dir"] == summary["agent_sft"]["build_dir"]  # cached build stages
-
-
-def _param_hash(workdir) -> str:
-    from c2jax.checkpoint import Checkpointer
-
-    step, params = Checkpointer(os.path.join(workdir, "rl", "checkpoints")).restore_params()
-    import jax
-
-    h = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(params):
-        h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
-    return f"{step}:{h.hexdigest()}"
 
 
 @pytest.mark.slow

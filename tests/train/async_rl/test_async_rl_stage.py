@@ -13,7 +13,7 @@ import time
 import pytest
 
 from _envs_common import needs_bwrap
-from test_rl_smoke import _cmd, _env, _param_hash
+from _rl_smoke_common import _cmd, _env, _param_hash
 
 pytestmark = [needs_bwrap, pytest.mark.slow, pytest.mark.timeout(3600)]
 
