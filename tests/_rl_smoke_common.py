@@ -34,3 +34,22 @@ def _param_hash(workdir) -> str:
     for leaf in jax.tree_util.tree_leaves(params):
         h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
     return f"{step}:{h.hexdigest()}"
+
+
+def kill9_after_first_step_checkpoint(cmd, ckpt_dir, timeout_s: float = 1800.0) -> list[str]:
+    """Start `cmd` in its own session, SIGKILL the whole group as soon as the first RL step checkpoint
+    lands in `ckpt_dir` (a pathlib.Path), and return the step directories left behind."""
+    import signal
+    import subprocess
+    import time
+
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
+                         start_new_session=True)
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        if ckpt_dir.exists() and any(d.isdigit() for d in os.listdir(ckpt_dir)):
+            break
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    return [d for d in os.listdir(ckpt_dir) if d.isdigit()]

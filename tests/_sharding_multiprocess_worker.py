@@ -26,7 +26,7 @@ def main(out_dir: str, ckpt_dir: str) -> None:
     from jax.experimental import multihost_utils
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from _sharding_fixtures import LOSS, packed_batch, tiny_cfg, tiny_params
+    from _sharding_common import LOSS, packed_batch, tiny_cfg, tiny_params
     from c2jax.model.params_spec import logical_axes, trainable_mask
     from c2jax.model.parallel.sharded import abstract_state, jit_train_step, sharded_apply_fn, state_shardings
     from c2jax.model.parallel.sharding import MeshConfig, batch_shardings, global_batch, make_mesh

@@ -15,6 +15,8 @@ import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
+import pytest  # noqa: E402
+
 if not os.environ.get("C2JAX_ENVS_DIR"):
     _ENVS_DIR = tempfile.mkdtemp(prefix="c2jax_test_envs_")
     os.environ["C2JAX_ENVS_DIR"] = _ENVS_DIR
@@ -50,3 +52,12 @@ def pytest_runtest_setup(item) -> None:
             from _reference_imports import check_reference_requirement
 
             check_reference_requirement(mark.args[0])
+
+
+@pytest.fixture(scope="module")
+def repo_env():
+    """(repo dir, env id) of a tiny buggy repository with its environment built (once per session):
+    the agent, serve, RL-step, async-RL and bench tests run episodes on it."""
+    from _agent_common import build_repo_env
+
+    return build_repo_env()

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from c2jax.config import Checker, ConfigError, register_validator
+from c2jax.config import Checker, ConfigError, register_validator, to_plain
 from c2jax.train.stages import STAGES
 
 log = logging.getLogger(__name__)
@@ -52,19 +52,15 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
 )
 
 
-def _plain(x: Any) -> dict:
-    return dict(x.to_dict() if hasattr(x, "to_dict") else (x or {}))
-
-
 def resolve(section: Any) -> dict:
     out = dict(AGENT_SFT_DEFAULTS)
-    out.update(_plain(section))
+    out.update(dict(to_plain(section) or {}))
     return out
 
 
 @register_validator("agent_sft")
 def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
-    d = _plain(section)
+    d = dict(to_plain(section) or {})
     for k in d:
         if k not in AGENT_SFT_DEFAULTS:
             check.error(k, f"unknown option; known: {sorted(AGENT_SFT_DEFAULTS)}")
@@ -95,7 +91,7 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
     from c2jax.trajectory import load_jsonl, save_jsonl
 
     harness, fmt = make_harness(config, tokenizer)
-    key = hashlib.sha256(json.dumps({"tok": tokenizer.fingerprint(), "agent": _plain(config.get("agent")),
+    key = hashlib.sha256(json.dumps({"tok": tokenizer.fingerprint(), "agent": dict(to_plain(config.get("agent")) or {}),
                                      "split": split, "n": max_demos, **({"style": style} if style != "read_replace" else {})},
                                     sort_keys=True, default=str).encode()).hexdigest()[:12]
     path = os.path.join(fam["dir"], "demos", f"{split}-{key}.jsonl")

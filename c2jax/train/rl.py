@@ -31,21 +31,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from c2jax.config import ConfigError
+from c2jax.config import ConfigError, to_plain
 from c2jax.train.stages import STAGES
 
 log = logging.getLogger(__name__)
-
-
-def _plain(x: Any) -> Any:
-    return x.to_dict() if hasattr(x, "to_dict") else x
 
 
 def resolved_rl(config: Any) -> dict:
     from c2jax.rl.loss import resolve_rl_config
     from c2jax.rl.stage_config import resolve_stage
 
-    raw = _plain(config.get("rl")) or {}
+    raw = to_plain(config.get("rl")) or {}
     out = resolve_rl_config({k: v for k, v in raw.items() if k not in resolve_stage({})})
     out.update(resolve_stage(raw))
     return out
@@ -143,7 +139,7 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
 
 def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.agent.policies import EnginePolicy
-    from c2jax.envs import SandboxPool
+    from c2jax.envs.backends import make_pool
     from c2jax.sampling import Engine, EngineConfig
     from c2jax.checkpoint import Checkpointer
     from c2jax.train.metrics import MetricsLogger, Progress
@@ -194,7 +190,7 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
                     version=engine_version)
     harness, fmt = make_harness(config, tokenizer)
     policy = EnginePolicy(engine, fmt, temperature=float(rl["temperature"]), top_p=float(rl["top_p"]), seed=seed)
-    pool = SandboxPool(max_concurrency=int(rl["max_in_flight"]))
+    pool = make_pool(config.get("envs"), max_concurrency=int(rl["max_in_flight"]))  # envs.backend picks it
     ref = jax.tree_util.tree_map(jax.numpy.asarray, params0) if rl["reference"] == "init" else None
     from c2jax.sync import WeightSync
 

@@ -14,13 +14,11 @@ import json
 import os
 from typing import Any
 
-
-def _plain(x: Any) -> Any:
-    return x.to_dict() if hasattr(x, "to_dict") else x
+from c2jax.config import to_plain
 
 
 def cache_root(config: Any) -> str:
-    build = _plain(config.get("build")) if hasattr(config, "get") else None
+    build = to_plain(config.get("build")) if hasattr(config, "get") else None
     root = (build or {}).get("dir") or os.environ.get("C2JAX_RUN_CACHE") or os.path.join("runs", "cache")
     return os.path.abspath(root)
 
@@ -28,7 +26,7 @@ def cache_root(config: Any) -> str:
 def family_args(config: Any) -> dict:
     from c2jax.rl.stage_config import resolve_stage
 
-    t = resolve_stage(_plain(config.get("rl")) or {})["tasks"]
+    t = resolve_stage(to_plain(config.get("rl")) or {})["tasks"]
     args = {k: t[k] for k in ("difficulty", "n_train", "n_eval", "n_demo", "seed")}
     if t.get("docstrings"):
         args["docstrings"] = True  # (absent when False: families built before the knob keep their key)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from _agent_fixtures import FIX_PATCH, agent_tokenizer, make_repo, needs_bwrap, repo_env  # noqa: F401
+from _agent_common import FIX_PATCH, agent_tokenizer, make_repo, needs_bwrap  # noqa: F401
 from _paths import REPO_ROOT  # noqa: E402
 
 pytestmark = needs_bwrap
@@ -49,7 +49,7 @@ def test_cli_engine_policy_on_a_checkpoint(repo_env, tmp_path):
     from c2jax.data.chat_format import ChatFormat
     from c2jax.model import preset
     from c2jax.serve import save_serving_checkpoint
-    from _serve_fixtures import bigram_params
+    from _serve_common import bigram_params
 
     tok = agent_tokenizer()
     fmt = ChatFormat(tok)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from _agent_fixtures import FIX_PATCH, chat_format, needs_bwrap, repo_env  # noqa: F401
+from _agent_common import FIX_PATCH, chat_format, needs_bwrap  # noqa: F401
 from c2jax.agent.harness import Harness, HarnessConfig, SUMMARY_HEADER, post_summary_messages, token_counts
 from c2jax.agent.policies import OraclePolicy, ScriptedPolicy
 from c2jax.data.chat_format import Message, ToolCall

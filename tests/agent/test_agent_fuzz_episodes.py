@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _agent_fixtures import needs_bwrap, repo_env  # noqa: F401
+from _agent_common import needs_bwrap  # noqa: F401
 from c2jax.agent.tools import TOOL_NAMES
 from test_agent_parse_property import FMT, broken_section, random_ids, real_call
 

@@ -14,7 +14,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _agent_fixtures import chat_format, needs_bwrap, repo_env  # noqa: F401
+from _agent_common import chat_format, needs_bwrap  # noqa: F401
 from c2jax.agent.tools import SCHEMAS, TOOL_NAMES, validate_call
 
 FMT = chat_format()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from _agent_fixtures import FIX_PATCH, chat_format, make_task, needs_bwrap, repo_env  # noqa: F401
+from _agent_common import FIX_PATCH, chat_format, make_task, needs_bwrap  # noqa: F401
 from c2jax.agent.harness import Harness
 from c2jax.agent.policies import OraclePolicy, ScriptedPolicy
 from c2jax.agent.rollout import HarnessBenchPolicy, arollout_many

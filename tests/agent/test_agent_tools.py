@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from _agent_fixtures import FIX_PATCH, needs_bwrap, repo_env  # noqa: F401
+from _agent_common import FIX_PATCH, needs_bwrap  # noqa: F401
 from c2jax.agent.tools import TOOL_NAMES, ToolConfig, Toolbox, bm25_rank, check_arguments, lint_python
 
 pytestmark = needs_bwrap

@@ -17,7 +17,7 @@ import random
 import numpy as np
 import pytest
 
-from _agent_fixtures import FIX_PATCH, agent_tokenizer, chat_format, needs_bwrap, repo_env  # noqa: F401
+from _agent_common import FIX_PATCH, agent_tokenizer, chat_format, needs_bwrap  # noqa: F401
 from c2jax.bench.metrics import paired_bootstrap_diff, pass_at_k
 
 HIDDEN = "from pkg.calc import add\nassert add(2, 2) == 4\nassert add(-1, 1) == 0\n"
@@ -50,7 +50,7 @@ def hcfg(max_turns: int = 2, max_new: int = 48):
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     """A serving checkpoint of the bigram machine (tests/serve/test_serve_openai.py) -> (dir, params, cfg)."""
-    from _serve_fixtures import bigram_params
+    from _serve_common import bigram_params
 
     from c2jax.model import preset
     from c2jax.serve import load_serving_checkpoint, save_serving_checkpoint

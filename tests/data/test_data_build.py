@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from _data_fixtures import fake_data_config
+from _data_common import fake_data_config
 from c2jax.config import ConfigError, validate
 from c2jax.data import build as B
 from c2jax.data import tokenizer as T
@@ -103,7 +103,7 @@ def test_build_survives_kill_9_between_write_and_commit(tmp_path):
     script = (
         "import os, signal, sys\n"
         f"sys.path.insert(0, {TESTS_DIR!r})\n"
-        "from _data_fixtures import fake_data_config\n"
+        "from _data_common import fake_data_config\n"
         "from c2jax.data import build as B, shards\n"
         "B.BATCH_DOCS = 4\n"
         "real = shards.ShardWriter._commit\n"
@@ -206,7 +206,7 @@ def test_cli_build_and_bad_config(tmp_path, capsys):
     fake_data_config(root)  # creates the fake site
     cfg_file = tmp_path / "exp.py"
     cfg_file.write_text(
-        "import sys\nsys.path.insert(0, %r)\nfrom _data_fixtures import fake_data_config\n"
+        "import sys\nsys.path.insert(0, %r)\nfrom _data_common import fake_data_config\n"
         "import ml_collections\n"
         "def get_config(arg=''):\n"
         "    c = ml_collections.ConfigDict()\n"

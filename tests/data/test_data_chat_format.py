@@ -4,7 +4,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from _data_fixtures import small_tokenizer
+from _data_common import small_tokenizer
 from c2jax.data.chat_format import ChatFormat, Conversation, Message, ToolCall, make_call_id
 
 TOOLS = [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}},

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from _data_fixtures import BETA_CORE, fake_data_config
+from _data_common import BETA_CORE, fake_data_config
 from c2jax.data import licences
 from c2jax.data.corpus import Corpus, CorpusError, build_corpus, read_held_out_file
 from c2jax.data.corpus import collect_documents as collect

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from _data_fixtures import numbered_docs, write_token_split
+from _data_common import numbered_docs, write_token_split
 from c2jax.data.loader import DataError, Loader, eval_batches
 from c2jax.data.shards import ShardReader
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from _data_fixtures import numbered_docs, write_token_split
+from _data_common import numbered_docs, write_token_split
 from c2jax.data.shards import ShardError, ShardReader, ShardWriter
 
 

@@ -4,7 +4,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from _data_fixtures import small_tokenizer
+from _data_common import small_tokenizer
 from c2jax.data import tokenizer as T
 
 SPECIAL_STRINGS = st.sampled_from(list(T.ALL_SPECIAL_TOKENS))

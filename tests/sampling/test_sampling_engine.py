@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from c2jax.sampling import Engine, Request, SamplingParams
-from _sampling_fixtures import (CFG, ENGINE_CFG, check_greedy_and_logprobs, forward, log_softmax,
+from _sampling_common import (CFG, ENGINE_CFG, check_greedy_and_logprobs, forward, log_softmax,
                                 random_prompts, tiny_params)
 
 

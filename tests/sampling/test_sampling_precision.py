@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from c2jax.sampling import Engine, Request, SamplingParams
-from _sampling_fixtures import CFG, ENGINE_CFG, forward, log_softmax, random_prompts, tiny_params
+from _sampling_common import CFG, ENGINE_CFG, forward, log_softmax, random_prompts, tiny_params
 
 
 def test_bf16_sampler_routes_replay_lowers_logprob_mismatch():

@@ -10,7 +10,7 @@ import pytest
 
 from c2jax.model import apply
 from c2jax.sampling import Engine, Request, SamplingParams
-from _sampling_fixtures import CFG, ENGINE_CFG, check_greedy_and_logprobs, random_prompts, tiny_params
+from _sampling_common import CFG, ENGINE_CFG, check_greedy_and_logprobs, random_prompts, tiny_params
 
 SPEC = dataclasses.replace(ENGINE_CFG, spec_decode=True)
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from c2jax.model import apply, init_cache
 from c2jax.sampling import Engine, Request, SamplingParams
-from _sampling_fixtures import CFG, ENGINE_CFG, forward, random_prompts, tiny_params
+from _sampling_common import CFG, ENGINE_CFG, forward, random_prompts, tiny_params
 
 OLD, NEW = 3, 4
 

@@ -3,7 +3,7 @@ unique tool-call ids mapped back to the model's headers, the `developer` role, O
 context-length wording and code, deeply nested JSON -> 400, a wrong method -> 405, and a client that
 disconnects mid-generation has its request cancelled (engine counters, not timing).
 
-No sandbox needed: the bigram and loop machines of tests/_serve_fixtures.py on the tiny preset.
+No sandbox needed: the bigram and loop machines of tests/_serve_common.py on the tiny preset.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from _agent_fixtures import agent_tokenizer
-from _serve_fixtures import CONTENT, bigram_params, loop_params
+from _agent_common import agent_tokenizer
+from _serve_common import CONTENT, bigram_params, loop_params
 
 MODEL = "c2jax-tiny"
 MAX_LEN = 1024

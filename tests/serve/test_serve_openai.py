@@ -2,7 +2,7 @@
 and a greedy episode that makes the same tool calls in-process and through the server.
 
 Model: the tiny preset (random init) with a small tokenizer trained in the test, made a bigram
-machine (tests/_serve_fixtures.py) so that greedy decoding makes real tool calls: from the assistant
+machine (tests/_serve_common.py) so that greedy decoding makes real tool calls: from the assistant
 header it emits ``Let me check<|tool_calls_section_begin|> ... functions.read_lints:0 ... {} ... <|im_end|>``.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from _agent_fixtures import agent_tokenizer, needs_bwrap, repo_env  # noqa: F401
-from _serve_fixtures import CONTENT, bigram_params, chain_ids
+from _agent_common import agent_tokenizer, needs_bwrap  # noqa: F401
+from _serve_common import CONTENT, bigram_params, chain_ids
 from c2jax.agent.harness import Harness, HarnessConfig
 from c2jax.agent.tools import ToolConfig
 from _paths import REPO_ROOT  # noqa: E402

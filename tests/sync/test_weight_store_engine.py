@@ -11,7 +11,7 @@ import pytest
 
 from c2jax.sampling import Engine, Request, SamplingParams
 from c2jax.sync import WeightSync
-from _sampling_fixtures import CFG, ENGINE_CFG, random_prompts, tiny_params
+from _sampling_common import CFG, ENGINE_CFG, random_prompts, tiny_params
 
 
 def _greedy(eng: Engine, prompts) -> list[list[int]]:

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 
 import pytest
 
 from _envs_common import needs_bwrap
-from _rl_smoke_common import _cmd, _env, _param_hash
+from _rl_smoke_common import _cmd, _env, _param_hash, kill9_after_first_step_checkpoint
 
 pytestmark = needs_bwrap
 
@@ -59,16 +57,7 @@ def test_kill9_mid_rl_then_rerun_is_bit_identical(tmp_path, cache):
     a = subprocess.run(_cmd(tmp_path / "a", cache, *extra), capture_output=True, text=True, timeout=900, env=_env())
     assert a.returncode == 0, a.stderr[-3000:]
     ck = tmp_path / "b" / "rl" / "checkpoints"
-    p = subprocess.Popen(_cmd(tmp_path / "b", cache, *extra), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         env=_env(), start_new_session=True)
-    t0 = time.time()
-    while time.time() - t0 < 600:  # kill -9 right after the first RL step checkpoint lands
-        if ck.exists() and any(d.isdigit() for d in os.listdir(ck)):
-            break
-        time.sleep(0.2)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-    steps = [d for d in os.listdir(ck) if d.isdigit()]
+    steps = kill9_after_first_step_checkpoint(_cmd(tmp_path / "b", cache, *extra), ck, 600)  # right after step 1
     assert steps and max(int(s) for s in steps) < 3, steps
     b = subprocess.run(_cmd(tmp_path / "b", cache, *extra), capture_output=True, text=True, timeout=900, env=_env())
     assert b.returncode == 0, b.stderr[-3000:]

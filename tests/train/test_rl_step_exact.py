@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _agent_fixtures import agent_tokenizer, chat_format, needs_bwrap, repo_env  # noqa: F401
-from _agent_fixtures import make_task
+from _agent_common import agent_tokenizer, chat_format, needs_bwrap  # noqa: F401
+from _agent_common import make_task
 
 pytestmark = needs_bwrap
 

@@ -1,9 +1,9 @@
 """Evaluation helpers: rolling-window probe coverage, spread held-out windows, bigram baseline vs
-brute force (small split stores written by tests/_data_fixtures.py)."""
+brute force (small split stores written by tests/_data_common.py)."""
 import numpy as np
 import pytest
 
-from _data_fixtures import numbered_docs, write_token_split
+from _data_common import numbered_docs, write_token_split
 from c2jax.data.shards import ShardReader
 from c2jax.train import evaluation as E
 

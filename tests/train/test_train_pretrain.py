@@ -1,4 +1,4 @@
-"""Pretraining stages end to end on a small fake corpus (tests/_data_fixtures.py): config validation,
+"""Pretraining stages end to end on a small fake corpus (tests/_data_common.py): config validation,
 bad input stopping before training with nothing lost, summary/metrics/plots, resume and chaining."""
 import json
 import os
@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from _data_fixtures import fake_data_config
+from _data_common import fake_data_config
 from c2jax.config import ConfigError, validate
 from c2jax.model.config import model_config_dict
 from _paths import REPO_ROOT  # noqa: E402
@@ -178,7 +178,7 @@ def test_real_pipeline_kill_9_resume_is_bit_exact(data, tmp_path):
         "import sys\n"
         f"sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\n"
         "from test_train_pretrain import make_config\n"
-        "from _data_fixtures import fake_data_config\n"
+        "from _data_common import fake_data_config\n"
         f"def get_config(arg=''):\n"
         f"    c = make_config(fake_data_config({str(tmp_path / 'site')!r}), steps=10)\n"
         "    c.train.ckpt_every = 3\n"

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from _agent_fixtures import chat_format, needs_bwrap  # noqa: F401
+from _agent_common import chat_format, needs_bwrap  # noqa: F401
 from c2jax.envs.synth import toyfix as T
 
 

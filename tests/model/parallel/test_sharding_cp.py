@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _sharding_fixtures import rel_fro
+from _sharding_common import rel_fro
 from c2jax.model import mla
 from c2jax.model.parallel.comm_stats import compiled_collective_stats
 from c2jax.model.config import preset

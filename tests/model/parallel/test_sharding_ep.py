@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from _sharding_fixtures import rel_fro
+from _sharding_common import rel_fro
 from c2jax.model.config import preset
 from c2jax.model.parallel.ep_moe import dispatch_layout, ep_moe
 from c2jax.model.moe_impls import dropless_moe

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from _sharding_fixtures import LOSS, packed_batch, rel_fro, tiny_cfg, tiny_params
+from _sharding_common import LOSS, packed_batch, rel_fro, tiny_cfg, tiny_params
 from c2jax.losses import combined_loss
 from c2jax.model.parallel.sharded import sharded_apply_fn
 from c2jax.model.parallel.sharding import (MeshConfig, batch_shardings, make_mesh, param_partition_specs,

@@ -4,7 +4,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from _data_fixtures import fake_data_config
+from _data_common import fake_data_config
 from c2jax.model.config import model_config_dict
 from c2jax.model.parallel.sharding import mesh_config_dict
 

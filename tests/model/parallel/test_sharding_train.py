@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from _sharding_fixtures import LOSS, packed_batch, rel_fro, tiny_cfg, tiny_params
+from _sharding_common import LOSS, packed_batch, rel_fro, tiny_cfg, tiny_params
 from c2jax.model.params_spec import logical_axes, trainable_mask
 from c2jax.model.parallel.sharded import abstract_state, jit_train_step, sharded_apply_fn, state_shardings
 from c2jax.model.parallel.sharding import MeshConfig, batch_shardings, make_mesh, param_partition_specs

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _agent_fixtures import needs_bwrap, repo_env  # noqa: F401
-from _async_rl_fixtures import build, make_async, param_hash, rl_section, run_sync, tasks
+from _agent_common import needs_bwrap  # noqa: F401
+from _async_rl_common import build, make_async, param_hash, rl_section, run_sync, tasks
 
 # Two real 2-step runs, learner compile included: ~25 s on an idle 2-core machine (default run); under
 # heavy contention the compile alone can take minutes, hence the longer timeout.

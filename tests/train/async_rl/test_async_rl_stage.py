@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 
 import pytest
 
 from _envs_common import needs_bwrap
-from _rl_smoke_common import _cmd, _env, _param_hash
+from _rl_smoke_common import _cmd, _env, _param_hash, kill9_after_first_step_checkpoint
 
 pytestmark = [needs_bwrap, pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -41,16 +39,7 @@ def test_services_stage_equals_synchronous_stage_and_survives_kill9(tmp_path, ca
     assert set(sv["staleness_hist"]) <= {"0", 0}
     # kill -9 right after the first step checkpoint, rerun: the services resume from it
     ck = tmp_path / "b" / "rl" / "checkpoints"
-    p = subprocess.Popen(_cmd(tmp_path / "b", cache, *EXTRA, *SERVICES), stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, env=_env(), start_new_session=True)
-    t0 = time.time()
-    while time.time() - t0 < 1800:
-        if ck.exists() and any(d.isdigit() for d in os.listdir(ck)):
-            break
-        time.sleep(0.2)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-    steps = [d for d in os.listdir(ck) if d.isdigit()]
+    steps = kill9_after_first_step_checkpoint(_cmd(tmp_path / "b", cache, *EXTRA, *SERVICES), ck)
     assert steps and max(int(s) for s in steps) < 3, steps
     again = _run(tmp_path / "b", cache, *SERVICES)
     assert _param_hash(tmp_path / "b") == _param_hash(tmp_path / "async")

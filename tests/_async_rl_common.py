@@ -12,8 +12,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from _agent_fixtures import agent_tokenizer, chat_format
-from _agent_fixtures import make_task
+from _agent_common import agent_tokenizer, chat_format
+from _agent_common import make_task
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,4 @@
-"""Shared fixtures for tests/agent/test_agent_*.py and tests/serve/test_serve_*.py (not collected: no test_ prefix).
+"""Shared helpers for tests/agent/test_agent_*.py and tests/serve/test_serve_*.py (not collected: no test_ prefix).
 
 A small tokenizer trained in-process (stdlib json modules plus the tool names, under a second), a
 private environments state directory, and a tiny repository with a bug and a test script.
@@ -11,7 +11,6 @@ import os
 import sysconfig
 import tempfile
 
-import pytest
 
 
 REPO_FILES = {
@@ -63,10 +62,9 @@ def make_repo(root: str) -> str:
     return root
 
 
-@pytest.fixture(scope="module")
-def repo_env():
+def build_repo_env() -> tuple:
     """(repo dir, env id) of the buggy repository, built once per test session (in the session's
-    private state dir, $C2JAX_ENVS_DIR, set by tests/conftest.py)."""
+    private state dir, $C2JAX_ENVS_DIR, set by tests/conftest.py); the `repo_env` fixture."""
     if "env" not in _STATE:
         from c2jax.envs import build_env
 
