@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from c2jax.atomic import atomic_path, atomic_write_json
 from c2jax.config import Checker, ConfigError, register_validator, to_plain
 from c2jax.train.stages import STAGES
 
@@ -127,8 +128,8 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
     if not trajs:
         return trajs
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    save_jsonl(trajs, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    with atomic_path(path) as tmp:
+        save_jsonl(trajs, tmp)
     return trajs
 
 
@@ -261,9 +262,7 @@ def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     ckpt.save(int(c["steps"]), {"params": params})
     ckpt.close()
     save_serving_checkpoint(os.path.join(out_dir, "policy"), params, cfg, tokenizer)
-    with open(done + ".tmp", "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
-    os.replace(done + ".tmp", done)
+    atomic_write_json(done, summary, indent=2, sort_keys=True)
     return dict(prev, checkpoint_dir=os.path.join(out_dir, "checkpoints"), tokenizer=tokenizer), summary
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from c2jax.atomic import atomic_write_json
 from c2jax.config import ConfigError, to_plain
 from c2jax.train.stages import STAGES
 
@@ -128,9 +129,7 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
                                   grade_fn=grade_validated)
         finally:
             engine.shutdown()
-        with open(rows_path + ".tmp", "w") as f:
-            json.dump(rows, f, default=str)
-        os.replace(rows_path + ".tmp", rows_path)
+        atomic_write_json(rows_path, rows, default=str)
     res = summarize_agent(rows, ks=(1, int(ev["k"])), seed=seed)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(res, f, indent=2, default=str)

@@ -41,6 +41,7 @@ import time
 from collections import Counter
 from typing import Any, Sequence
 
+from c2jax.atomic import atomic_write_json
 from c2jax.envs.tasks import DEFAULT_PROTECTED, HiddenTests, Source, TaskRecord, TestSpec, load_tasks, \
     patch_stats, write_tasks
 from c2jax.envs.synth.toyfix_programs import (ARCHETYPES, VOCAB, WORDS, Archetype, Candidate, Func,  # noqa: F401
@@ -415,13 +416,9 @@ def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, diffic
     wall = round(time.monotonic() - t0, 2)
     stats["wall_s"] = wall
     for p, obj in ((paths["stats"], stats), (paths["leakage"], leak)):
-        with open(p + ".tmp", "w") as f:
-            json.dump(obj, f, indent=1)
-        os.replace(p + ".tmp", p)
+        atomic_write_json(p, obj, indent=1)
     counts = {"n_train": len(records["train"]), "n_eval": len(records["eval"]), "n_demo": len(records["demo"])}
-    with open(done_path + ".tmp", "w") as f:
-        json.dump({"key": key, "args": args, "counts": counts, "wall_s": wall}, f, indent=1)
-    os.replace(done_path + ".tmp", done_path)
+    atomic_write_json(done_path, {"key": key, "args": args, "counts": counts, "wall_s": wall}, indent=1)
     log.info("toyfix d%d: %s in %.1f s (%s)", difficulty, counts, wall, stats["timing_s"])
     return {**paths, **counts, "wall_s": wall, "cached": False, "key": key}
 
