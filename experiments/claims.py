@@ -39,13 +39,16 @@ def main(argv: list[str]) -> int:
         for name, mod in entries.items():
             c = mod.CLAIM
             print(f"{name} [{c.scale}{': ' + c.scale_note if c.scale_note else ''}]\n  {c.claim}\n  source: {c.source}"
-                  f"\n  metric: {c.metric} (predicted: {c.direction})\n  command: {c.command}\n")
+                  f"\n  metric: {c.metric} (predicted: {c.direction})\n  command: {c.command}"
+                  + (f"\n  runs at: {c.run_scale}" if c.run_scale else "")
+                  + (f"\n  full scale (not run by the command): {c.full_command}" if c.full_command else "") + "\n")
         return 0
     if args.cmd == "table":
         rows = table(entries, args.out)
-        print(f"{'claim':32s} {'scale':10s} {'verdict':14s} {'effect':>10s}  95% CI")
+        print(f"{'claim':32s} {'scale':10s} {'verdict':14s} {'effect':>10s}  {'95% CI':24s} run at")
         for row in rows:
-            print(f"{row['name']:32s} {row['scale']:10s} {row['verdict']:14s} {row['effect']:>10s}  {row['ci95']}")
+            print(f"{row['name']:32s} {row['scale']:10s} {row['verdict']:14s} {row['effect']:>10s}  {row['ci95']:24s} "
+                  f"{row['run_scale']}")
         return 0
     names = list(args.names)
     if args.cheap:

@@ -4,7 +4,11 @@ A claim entry (``experiments/claims/NAME.py``) defines ``CLAIM`` (a `Claim`) and
 ``run(out_dir) -> Verdict``. A verdict is computed from an effect size and its 95% CI, never
 assumed: **holds** when the whole CI lies on the predicted side, **does not hold** when it lies
 wholly on the other side, **inconclusive** otherwise (for "no effect" claims: holds when the CI lies
-inside ``±equivalence_margin``, does not hold when it excludes 0). ``run`` writes
+inside ``±equivalence_margin``, does not hold when it excludes 0; for "no benefit" claims,
+direction ``not_greater``: holds when the CI's upper end is below the margin, does not hold when the
+CI excludes 0 on the benefit side). A claim made of several sub-effects reports the weakest
+(`weakest_effect`). Each verdict records the scale ``run`` actually ran at (``Claim.run_scale``);
+the full-scale command stays in ``Claim.full_command``. ``run`` writes
 ``verdict.json`` and a figure to ``runs/claims/NAME/``; `table` reads the latest verdicts.
 """
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-DIRECTIONS = ("greater", "less", "none")  # effect > 0, effect < 0, no effect (equivalence)
+# effect > 0, effect < 0, no effect (equivalence: |effect| < margin), no benefit (effect < margin)
+DIRECTIONS = ("greater", "less", "none", "not_greater")
 SCALES = ("cheap", "expensive", "needs_gpu")
 
 
@@ -38,14 +43,16 @@ class Claim:
     scale: str
     scale_note: str = ""
     equivalence_margin: float | None = None
+    run_scale: str = ""  # what ``run`` actually runs (model, steps, seeds), written into every verdict
+    full_command: str = ""  # the full-scale test when ``run`` is a smaller stand-in (documented, not run here)
 
     def __post_init__(self):
         if self.direction not in DIRECTIONS:
             raise ValueError(f"claim {self.name}: direction must be one of {DIRECTIONS}, got {self.direction!r}")
         if self.scale not in SCALES:
             raise ValueError(f"claim {self.name}: scale must be one of {SCALES}, got {self.scale!r}")
-        if self.direction == "none" and not (self.equivalence_margin and self.equivalence_margin > 0):
-            raise ValueError(f"claim {self.name}: a 'none' claim needs equivalence_margin > 0")
+        if self.direction in ("none", "not_greater") and not (self.equivalence_margin and self.equivalence_margin > 0):
+            raise ValueError(f"claim {self.name}: a {self.direction!r} claim needs equivalence_margin > 0")
 
 
 @dataclasses.dataclass
@@ -67,8 +74,30 @@ def decide(effect: float, lo: float, hi: float, direction: str, margin: float | 
     if direction == "less":
         return "holds" if hi < 0 else "does not hold" if lo > 0 else "inconclusive"
     if margin is None:
-        raise ValueError("direction 'none' needs an equivalence margin")
+        raise ValueError(f"direction {direction!r} needs an equivalence margin")
+    if direction == "not_greater":  # "no benefit": the CI rules out a benefit as large as the margin
+        return "holds" if hi < margin else "does not hold" if lo > 0 else "inconclusive"
     return "holds" if -margin < lo and hi < margin else "does not hold" if lo > 0 or hi < 0 else "inconclusive"
+
+
+_VERDICT_RANK = {"does not hold": 0, "inconclusive": 1, "holds": 2}
+
+
+def weakest_effect(effects: dict[str, tuple[float, float, float, int]], direction: str,
+                   margin: float | None = None) -> tuple[str, tuple[float, float, float, int]]:
+    """The sub-effect that decides a claim made of several (it holds only if every one does):
+    the one with the weakest verdict, ties broken by the smallest signed t-like ratio
+    effect / CI half-width (towards the predicted direction)."""
+    if not effects:
+        raise ValueError("weakest_effect: no effects")
+    sign = -1.0 if direction == "less" else 1.0
+
+    def key(item):
+        e, lo, hi, _ = item[1]
+        half = (hi - lo) / 2 if math.isfinite(hi - lo) and hi > lo else math.inf
+        return _VERDICT_RANK[decide(e, lo, hi, direction, margin)], sign * e / half if half else math.inf
+
+    return min(effects.items(), key=key)
 
 
 def paired_t(diffs: Sequence[float]) -> tuple[float, float, float, int]:
@@ -145,7 +174,8 @@ def run_claim(entry: Any, out_root: str, force: bool = False) -> Verdict:
     if v.verdict != expected:  # an entry cannot hand-write its verdict
         raise AssertionError(f"{claim.name}: verdict {v.verdict!r} disagrees with its effect/CI ({expected!r})")
     record = {"name": claim.name, "claim": claim.claim, "source": claim.source, "metric": claim.metric,
-              "direction": claim.direction, **dataclasses.asdict(v), "wall_s": time.time() - t0,
+              "direction": claim.direction, "run_scale": claim.run_scale or claim.scale,
+              "full_command": claim.full_command, **dataclasses.asdict(v), "wall_s": time.time() - t0,
               "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     tmp = os.path.join(out_dir, "verdict.json.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -160,12 +190,14 @@ def table(entries: dict[str, Any], out_root: str) -> list[dict]:
     for name, mod in entries.items():
         c: Claim = mod.CLAIM
         path = os.path.join(out_root, name, "verdict.json")
-        row = {"name": name, "scale": c.scale, "source": c.source, "verdict": "not run", "effect": "", "ci95": ""}
+        row = {"name": name, "scale": c.scale, "source": c.source, "verdict": "not run", "effect": "", "ci95": "",
+               "run_scale": ""}
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 v = json.load(f)
             row.update(verdict=v["verdict"], effect=f"{v['effect']:.4g}",
-                       ci95=f"[{v['ci95'][0]:.4g}, {v['ci95'][1]:.4g}]", finished=v.get("finished", ""))
+                       ci95=f"[{v['ci95'][0]:.4g}, {v['ci95'][1]:.4g}]", finished=v.get("finished", ""),
+                       run_scale=v.get("run_scale", ""))
         rows.append(row)
     return rows
 
