@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
+from typing import Optional
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [p for p in (os.path.dirname(_HERE), _HERE) if p not in sys.path]
@@ -42,6 +42,14 @@ def timeit(fn, *args, reps: int = 0) -> perf.Stats:
     """Wall seconds of fn(*args) after one warm-up (compile) call: median/min/max of `reps`
     (default: --repeats) timed calls."""
     return perf.time_repeats(lambda: jax.block_until_ready(fn(*args)), repeats=reps or REPEATS, warmup=1)
+
+
+def percent_of_peak(tflops: float, kind: str, precision: str) -> Optional[float]:
+    """`tflops` as a percentage of the dense datasheet peak of the tensor-core format the recipe
+    `precision` runs its forward in on `kind` (`perf.datasheet_peak_tflops`: FP8 for fp8_blockwise
+    and mxfp8, BF16 for bf16, ...); None off the datasheet (a CPU)."""
+    peak = perf.datasheet_peak_tflops(kind, precision)
+    return None if peak is None else 100.0 * tflops / peak
 
 
 def bench_quant(m: int, k: int, impl: str, kind: str):
@@ -97,8 +105,8 @@ def bench_gmm(m: int, k: int, n: int, g: int, impl: str, kind: str):
         t = timeit(fk, a, w).median
         tg = timeit(gk, a, w).median
         tf = flops / t / 1e12
-        pk = perf.datasheet_peak_tflops(kind, p)  # the peak of the MMA format this recipe runs in
-        pct = f"{100 * tf / pk:5.1f}" if pk else "   -"
+        pk = percent_of_peak(tf, kind, p)
+        pct = f"{pk:5.1f}" if pk is not None else "   -"
         print(f"{p:20s} {t * 1e3:9.2f} {tf:9.4f} {tb / t:8.2f} {pct:>6s} {tg * 1e3:11.1f} {rel:11.4f} "
               f"{agree:13.1e}")
 
