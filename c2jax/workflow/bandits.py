@@ -203,21 +203,24 @@ class EffortEnv:
                 "tool_stats": {k: jnp.zeros((n,)) for k in ("calls", "malformed", "failed")}}
 
     def behaviour(self, params: Params, key: jax.Array, per_difficulty: int = 4096) -> dict[str, list[float]]:
-        """Monte Carlo behaviour under `params`, per difficulty: pass rate, mean calls, share of turns
-        with more than one tool call (turns with at least one call)."""
+        """Monte Carlo behaviour under `params`, per difficulty: pass rate, mean calls, the number of
+        turns with at least one call and of those with more than one, and their ratio."""
         D = len(self.need)
         diff = jnp.repeat(jnp.arange(D), per_difficulty)
         d = self.sample(params, key, diff)
         made = jnp.arange(self.max_calls)[None, :] < d["calls"][:, None]
         opens = made & ~d["par"]  # a serial call opens a turn
         multi = opens & jnp.pad(d["par"][:, 1:], ((0, 0), (0, 1)))  # the next call joins it
-        out: dict[str, list[float]] = {"pass": [], "calls": [], "multi_call_turn_share": []}
+        out: dict[str, list[float]] = {"pass": [], "calls": [], "multi_call_turn_share": [], "turns_with_calls": [],
+                                       "multi_call_turns": []}
         for i in range(D):
             sel = np.asarray(d["diff"] == i)
             out["pass"].append(float(np.asarray(d["success"])[sel].mean()))
             out["calls"].append(float(np.asarray(d["calls"])[sel].mean()))
-            n_turns = float(np.asarray(opens)[sel].sum())
-            out["multi_call_turn_share"].append(float(np.asarray(multi)[sel].sum()) / max(n_turns, 1.0))
+            n_turns, n_multi = float(np.asarray(opens)[sel].sum()), float(np.asarray(multi)[sel].sum())
+            out["turns_with_calls"].append(n_turns)
+            out["multi_call_turns"].append(n_multi)
+            out["multi_call_turn_share"].append(n_multi / max(n_turns, 1.0))
         return out
 
 
