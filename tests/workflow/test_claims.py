@@ -30,6 +30,24 @@ def test_decide_rules():
     assert decide(0.01, -0.02, 0.08, "none", 0.05) == "inconclusive"
     assert decide(0.2, 0.1, 0.3, "none", 0.05) == "does not hold"
     assert decide(math.nan, 0, 1, "greater") == "inconclusive"
+    # "no benefit" (not_greater): a harm or a benefit below the margin holds, a shown benefit does not
+    assert decide(-0.16, -0.17, -0.15, "not_greater", 0.05) == "holds"
+    assert decide(0.02, 0.01, 0.04, "not_greater", 0.05) == "holds"
+    assert decide(0.04, -0.01, 0.09, "not_greater", 0.05) == "inconclusive"
+    assert decide(0.2, 0.1, 0.3, "not_greater", 0.05) == "does not hold"
+    with pytest.raises(ValueError, match="margin"):
+        decide(0.0, -1.0, 1.0, "not_greater")
+
+
+def test_weakest_effect_picks_the_sub_effect_that_decides():
+    effects = {"strong": (1.0, 0.8, 1.2, 5), "weak": (0.3, 0.05, 0.55, 5), "null": (0.1, -0.2, 0.4, 5)}
+    assert ledger.weakest_effect(effects, "greater")[0] == "null"  # inconclusive beats any holding one
+    del effects["null"]
+    assert ledger.weakest_effect(effects, "greater")[0] == "weak"  # both hold: the smaller effect / half-width
+    assert ledger.weakest_effect({"a": (-1.0, -1.2, -0.8, 3), "b": (-0.3, -0.5, -0.1, 3)}, "less")[0] == "b"
+    assert ledger.weakest_effect({"a": (1.0, 0.5, 1.5, 3), "b": (-1.0, -1.5, -0.5, 3)}, "greater")[0] == "b"
+    with pytest.raises(ValueError):
+        ledger.weakest_effect({}, "greater")
 
 
 def test_statistics_match_scipy():
@@ -70,6 +88,12 @@ def test_every_entry_is_well_formed_and_the_required_claims_are_listed():
         Claim("x", "c.", "report", "t", "m", "sideways", "cmd", "cheap")
     with pytest.raises(ValueError):
         Claim("x", "c.", "report", "t", "m", "none", "cmd", "cheap")  # needs a margin
+    with pytest.raises(ValueError):
+        Claim("x", "c.", "report", "t", "m", "not_greater", "cmd", "cheap")  # so does "no benefit"
+    for name in ("advantage_normalisation_bias", "checkpoint_sparse_diffs", "inflight_updates_staleness",
+                 "length_penalty_q", "overlong_masking_no_benefit"):  # CPU-scale stand-ins say what they run
+        c = entries[name].CLAIM
+        assert c.run_scale and c.full_command and callable(getattr(entries[name], "run", None)), name
 
 
 def _entry(verdict: str, effect: float, ci, scale="cheap"):
@@ -81,7 +105,7 @@ def test_an_entry_cannot_write_a_verdict_its_ci_contradicts(tmp_path):
     v = ledger.run_claim(_entry("holds", 0.5, (0.1, 0.9)), str(tmp_path))  # consistent: accepted and recorded
     assert v.verdict == "holds"
     rec = json.load(open(tmp_path / "fake" / "verdict.json"))
-    assert rec["verdict"] == "holds" and rec["ci95"] == [0.1, 0.9]
+    assert rec["verdict"] == "holds" and rec["ci95"] == [0.1, 0.9] and rec["run_scale"] == "cheap"
     with pytest.raises(AssertionError, match="disagrees"):
         ledger.run_claim(_entry("holds", 0.5, (-0.1, 0.9)), str(tmp_path / "b"))
     assert not (tmp_path / "b" / "fake" / "verdict.json").exists()
@@ -91,8 +115,9 @@ def test_expensive_claims_need_force_and_table_says_not_run(tmp_path):
     with pytest.raises(RuntimeError, match="--force"):
         ledger.run_claim(_entry("holds", 0.5, (0.1, 0.9), scale="expensive"), str(tmp_path))
     entries = ledger.load_entries(CLAIMS_DIR)
+    no_run = types.SimpleNamespace(CLAIM=_entry("holds", 0.5, (0.1, 0.9)).CLAIM)
     with pytest.raises(RuntimeError, match="no runnable test"):
-        ledger.run_claim(entries["length_penalty_q"], str(tmp_path), force=True)
+        ledger.run_claim(no_run, str(tmp_path), force=True)
     rows = {r["name"]: r for r in ledger.table(entries, str(tmp_path))}
     assert all(r["verdict"] == "not run" for r in rows.values())
 
