@@ -63,7 +63,15 @@ class Parts:
     cfg: Any
     params: Any
 
+    engine_weights: Any = None  # what the engine was built with (None: the initial `params`)
+
+    def engine_params(self) -> Any:
+        return self.params if self.engine_weights is None else self.engine_weights
+
     def close(self) -> None:
+        engine = getattr(self.ctx.policy, "engine", None)
+        if engine is not None and engine is not self.engine and hasattr(engine, "close_replacements"):
+            engine.close_replacements()
         self.engine.shutdown()
         self.pool.close()
 
@@ -89,8 +97,9 @@ def learner_for(rl: dict) -> Any:
 
 
 def build(rl: dict, task_list: list, *, seed: int = 0, grade_fn: Any = None, max_turns: int = 2,
-          max_new_tokens: int = 24) -> Parts:
-    """Engine (initial weights, version 0), harness, pool, learner, train state and task stream."""
+          max_new_tokens: int = 24, engine_params: Any = None, version: int = 0) -> Parts:
+    """Engine (initial weights at version 0, or `engine_params` at `version` for a resumed run), harness,
+    pool, learner, train state (initial weights) and task stream."""
     from c2jax.agent.harness import Harness, HarnessConfig
     from c2jax.agent.policies import EnginePolicy
     from c2jax.agent.tools import ToolConfig
@@ -102,8 +111,9 @@ def build(rl: dict, task_list: list, *, seed: int = 0, grade_fn: Any = None, max
 
     cfg, params = tiny_model()
     fmt = chat_format()
-    engine = Engine(params, cfg, EngineConfig(max_slots=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
-                                              recompute_cache_on_update=True), tokenizer=agent_tokenizer())
+    engine = Engine(params if engine_params is None else engine_params, cfg,
+                    EngineConfig(max_slots=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
+                                 recompute_cache_on_update=True), tokenizer=agent_tokenizer(), version=version)
     harness = Harness(fmt, HarnessConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, system_prompt="Fix it.",
                                          tools=ToolConfig(enabled=("read_file", "search_replace"),
                                                           compact_declarations=True)))
@@ -114,7 +124,7 @@ def build(rl: dict, task_list: list, *, seed: int = 0, grade_fn: Any = None, max
     ctx = RLContext(rl=rl, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
                     ref_params=reference_params(), seed=seed, grade_fn=grade_fn)
     stream = TaskStream(task_list, seed=seed, upsample_after_step=None)
-    return Parts(ctx, engine, pool, state, stream, cfg, params)
+    return Parts(ctx, engine, pool, state, stream, cfg, params, engine_params)
 
 
 def run_sync(parts: Parts, steps: int) -> tuple[Any, list[dict]]:
@@ -129,7 +139,12 @@ def run_sync(parts: Parts, steps: int) -> tuple[Any, list[dict]]:
     return state, rows
 
 
-def make_async(parts: Parts, out_dir: str, steps: int, backend: Any = None, **kw: Any):
+def make_async(parts: Parts, out_dir: str, steps: int, backend: Any = None, *, version: int = 0,
+               wrap_rollout: Any = None, trainer_factory: Any = None, **kw: Any):
+    """The driver over the embedded services, wired as `stage.run_services` wires them (the engine
+    behind a `SupervisedEngine` handle). `wrap_rollout(service)` / `trainer_factory()` let a test put
+    a fault injector around the rollout service or an auditing trainer in place of `Trainer`."""
+    from c2jax.train.async_rl.engine_health import SupervisedEngine
     from c2jax.train.async_rl.publisher import EnginePublisher
     from c2jax.train.async_rl.runner import AsyncRL
     from c2jax.train.async_rl.services import LocalBackend
@@ -137,10 +152,15 @@ def make_async(parts: Parts, out_dir: str, steps: int, backend: Any = None, **kw
 
     backend = backend or LocalBackend()
     ctx = parts.ctx
+    engine = SupervisedEngine(parts.engine, params=parts.engine_params(), version=version,
+                              tokenizer=agent_tokenizer())
+    ctx.policy.engine = engine
     G = int(ctx.rl["group_size"])
     workers = max(1, int(ctx.rl["max_in_flight"]) // G)
     rollout = backend.spawn("rollout", lambda: RolloutWorker(ctx.harness, ctx.policy, ctx.pool, ctx.rl,
                                                              grade_fn=ctx.grade_fn, seed=ctx.seed), workers=workers)
-    trainer = backend.spawn("trainer", lambda: Trainer(ctx), workers=1)
-    return AsyncRL(ctx, rollout=rollout, trainer=trainer, publisher=EnginePublisher(parts.engine), stream=parts.stream,
-                   steps=steps, out_dir=os.fspath(out_dir), **kw)
+    if wrap_rollout is not None:
+        rollout = wrap_rollout(rollout)
+    trainer = backend.spawn("trainer", trainer_factory or (lambda: Trainer(ctx)), workers=1)
+    return AsyncRL(ctx, rollout=rollout, trainer=trainer, publisher=EnginePublisher(engine), stream=parts.stream,
+                   steps=steps, out_dir=os.fspath(out_dir), engine=engine, **kw)

@@ -36,20 +36,28 @@ def _param_hash(workdir) -> str:
     return f"{step}:{h.hexdigest()}"
 
 
-def kill9_after_first_step_checkpoint(cmd, ckpt_dir, timeout_s: float = 1800.0) -> list[str]:
+def kill9_after_first_step_checkpoint(cmd, ckpt_dir, timeout_s: float = 1800.0, *, min_step: int = 1,
+                                      delay_s: float = 0.0, env: dict | None = None) -> list[str]:
     """Start `cmd` in its own session, SIGKILL the whole group as soon as the first RL step checkpoint
-    lands in `ckpt_dir` (a pathlib.Path), and return the step directories left behind."""
+    (the first one at step >= `min_step`, then `delay_s` seconds later) lands in `ckpt_dir` (a
+    pathlib.Path), and return the step directories left behind. Raises if `cmd` exits first."""
     import signal
     import subprocess
     import time
 
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env or _env(),
                          start_new_session=True)
     t0 = time.time()
     while time.time() - t0 < timeout_s:
-        if ckpt_dir.exists() and any(d.isdigit() for d in os.listdir(ckpt_dir)):
+        if ckpt_dir.exists() and any(d.isdigit() and int(d) >= min_step for d in os.listdir(ckpt_dir)):
             break
+        if p.poll() is not None:
+            raise RuntimeError(f"{cmd[:3]} exited ({p.returncode}) before a step-{min_step} checkpoint")
         time.sleep(0.2)
-    os.killpg(p.pid, signal.SIGKILL)
+    time.sleep(delay_s)
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended during the delay (the caller sees no kill: its last step is checkpointed)
     p.wait()
     return [d for d in os.listdir(ckpt_dir) if d.isdigit()]

@@ -5,9 +5,11 @@
     store.load(index)                  # -> GroupRecord or None (missing file: roll the group out again)
     store.remove(indices)              # after a trainer checkpoint that includes their update
 
-A record holds the group's trajectories (exact token ids, behaviour logprobs, routes, policy
-versions, reward terms), each sample's mask reason, stop reason and timings, the group's
-advantages (the loss recomputes them from the same rewards; stored for inspection), the admission
+A record holds the group's samples -- the same `rl_rollouts.Sample` the synchronous stage trains,
+in the serialisation `sample_to_record` / `sample_from_record` documents (the trajectory with exact
+token ids, behaviour logprobs, routes, policy versions and reward terms; mask reason, stop reason,
+timings and episode events; only the task is left out and re-attached from the task stream) -- the
+group's advantages (the loss recomputes them from the same rewards; stored for inspection), the admission
 index, the step whose seeds it used, and the oldest/newest policy version of its loss tokens.
 Restoring the trainer from checkpoint step c reloads the ready groups of the snapshot from here, so
 a restart neither loses nor repeats a sample (see `runner.AsyncRL.restore`).
@@ -21,23 +23,27 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from c2jax.train.rl_rollouts import Sample
 from c2jax.trajectory import Trajectory
 
-FORMAT = 1
+FORMAT = 2  # 2: samples carry their episode events (1: without; still read, events = [])
+READABLE = (1, 2)
 
 
-@dataclasses.dataclass
-class StoredSample:
-    """What the trainer needs of a `rl_rollouts.Sample` (task is re-attached from the task stream)."""
+def sample_to_record(sample: Sample) -> dict:
+    """A JSON-able record of `sample`, every field but ``task`` (a group's task is stored once, as its
+    id). The trajectory is `Trajectory.to_json` (exact: ids, logprobs, routes, versions); event values
+    JSON cannot hold are stored as their ``repr``."""
+    return {"index": int(sample.index), "trajectory": sample.trajectory.to_json(), "mask_reason": sample.mask_reason,
+            "stop_reason": sample.stop_reason, "wall_s": float(sample.wall_s), "grade_s": float(sample.grade_s),
+            "events": json.loads(json.dumps(list(sample.events or []), default=repr))}
 
-    task: Any
-    index: int
-    trajectory: Trajectory
-    mask_reason: str | None
-    stop_reason: str
-    wall_s: float
-    grade_s: float
-    events: list
+
+def sample_from_record(record: dict, task: Any) -> Sample:
+    """The `Sample` of `sample_to_record` with its `task` re-attached."""
+    return Sample(task, int(record["index"]), Trajectory.from_json(record["trajectory"]), record["mask_reason"],
+                  record["stop_reason"], float(record["wall_s"]), float(record["grade_s"]),
+                  list(record.get("events", [])))
 
 
 @dataclasses.dataclass
@@ -51,12 +57,11 @@ class GroupRecord:
     advantages: list[float]
     samples: list[dict]
 
-    def restore_samples(self, task: Any) -> list[StoredSample]:
+    def restore_samples(self, task: Any) -> list[Sample]:
         if str(getattr(task, "instance_id", task)) != self.task_id:
             raise ValueError(f"group {self.index}: stored for task {self.task_id!r}, restored with "
                              f"{getattr(task, 'instance_id', task)!r}")
-        return [StoredSample(task, int(d["index"]), Trajectory.from_json(d["trajectory"]), d["mask_reason"],
-                             d["stop_reason"], float(d["wall_s"]), float(d["grade_s"]), []) for d in self.samples]
+        return [sample_from_record(d, task) for d in self.samples]
 
 
 def group_advantages(samples: Sequence[Any], reward_key: str = "task") -> list[float]:
@@ -78,9 +83,7 @@ class GroupStore:
         rec = {"format": FORMAT, "index": slot.index, "batch": slot.batch, "task_id": slot.task_id,
                "sample_ids": list(slot.sample_ids), "min_version": int(slot.min_version),
                "max_version": int(slot.max_version), "advantages": group_advantages(slot.samples),
-               "samples": [{"index": int(s.index), "trajectory": s.trajectory.to_json(), "mask_reason": s.mask_reason,
-                            "stop_reason": s.stop_reason, "wall_s": float(s.wall_s), "grade_s": float(s.grade_s)}
-                           for s in slot.samples]}
+               "samples": [sample_to_record(s) for s in slot.samples]}
         path = self.path(slot.index)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -96,8 +99,8 @@ class GroupStore:
             return None
         with open(path) as f:
             d = json.load(f)
-        if d.get("format") != FORMAT:
-            raise ValueError(f"{path}: group checkpoint format {d.get('format')!r}, expected {FORMAT}")
+        if d.get("format") not in READABLE:
+            raise ValueError(f"{path}: group checkpoint format {d.get('format')!r}, expected one of {READABLE}")
         return GroupRecord(int(d["index"]), int(d["batch"]), d["task_id"], list(d["sample_ids"]),
                            int(d["min_version"]), int(d["max_version"]), list(d["advantages"]), list(d["samples"]))
 

@@ -48,7 +48,7 @@ class AsyncRL:
                  out_dir: str, ckpt: Any = None, logger: Any = None, evaluator: Any = None, eval_every: int = 0,
                  inflight_updates: bool = True, max_retries: int = 2, health_every_s: float = 5.0,
                  engine_params: Callable[[], Any] | None = None, on_step: Callable[[int, dict], None] | None = None,
-                 admission: str = "bounded") -> None:
+                 admission: str = "bounded", engine: Any = None) -> None:
         rl = ctx.rl
         self.ctx, self.rl = ctx, rl
         self.rollout, self.trainer, self.publisher, self.stream = rollout, trainer, publisher, stream
@@ -76,6 +76,7 @@ class AsyncRL:
         self.step_rows: list[dict] = []
         self.to_remove: list[int] = []
         self.restarts: collections.Counter = collections.Counter()
+        self.engine = engine  # an `engine_health.SupervisedEngine` (embedded backend) or None
 
     # ---- admission and rollouts ------------------------------------------------------------------
     def _next_task(self) -> Any | None:
@@ -124,6 +125,12 @@ class AsyncRL:
         self.store.save(slot)
 
     def _health_check(self) -> None:
+        """Replace a dead engine (first: a rollout worker over a dead engine looks dead too), then a
+        dead rollout service; each replacement is counted in ``summary()['restarts']``."""
+        if self.engine is not None and not self.engine.healthy():
+            log.warning("async rl: inference engine died: replacing it (latest published weights)")
+            self.engine.replace()
+            self.restarts["engine"] += 1
         if not self.rollout.alive():
             log.warning("async rl: rollout service unhealthy: restarting it")
             self.rollout.restart()

@@ -15,6 +15,9 @@ harness, pool, learner), task stream and checkpointer. ``rl.services`` (validate
   eval_every        held-out pass@1/pass@k of the pinned weights every N steps on the evaluation
                     service (0 = off; the stage's before/after evaluation is unchanged)
   health_check_s    seconds between health checks of the rollout service
+On the embedded backend the engine is supervised (`engine_health.SupervisedEngine`): the policy and
+the weight sync talk to a handle, and a health check replaces a dead engine with one holding the
+latest published weights (the caller's engine is left as it was; a replacement is shut down here).
 A resumed run restores the reconciler, the ledger and the ready groups from the checkpoint
 (`runner.AsyncRL.restore`). Outputs beside the stage's: ``services/ledger.jsonl``,
 ``services/groups/`` (group checkpoints) and ``services/summary.json``.
@@ -26,6 +29,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from c2jax.train.async_rl.engine_health import SupervisedEngine
 from c2jax.train.async_rl.publisher import EnginePublisher
 from c2jax.train.async_rl.runner import AsyncRL
 from c2jax.train.async_rl.services import make_backend
@@ -42,6 +46,13 @@ def run_services(ctx: RLContext, state: Any, *, stream: Any, ckpt: Any, logger: 
     sv = rl["services"]
     backend = make_backend(sv["backend"], address=sv.get("ray_address"))
     G = int(rl["group_size"])
+    engine = None
+    if sv["backend"] == "local":  # the engine lives in this process: supervise it (see module docstring)
+        engine = SupervisedEngine(ctx.engine, params=state.params, version=version,
+                                  tokenizer=getattr(ctx.harness.fmt, "tok", None))
+        ctx.policy.engine = engine
+        if ctx.weight_sync is not None:
+            ctx.weight_sync.engine = engine
     if sv["backend"] == "ray":
         from c2jax.train.async_rl.ray_backend import ray_rollout_service
 
@@ -58,10 +69,10 @@ def run_services(ctx: RLContext, state: Any, *, stream: Any, ckpt: Any, logger: 
         evaluator = make_backend("local").spawn("eval", lambda: Evaluator(eval_fn))
     svc_dir = os.path.join(out_dir, "services")
     run = AsyncRL(ctx, rollout=rollout, trainer=trainer, publisher=getattr(rollout, "publisher", None)
-                  or EnginePublisher(ctx.engine, sync=ctx.weight_sync), stream=stream, steps=int(rl["steps"]), out_dir=svc_dir, ckpt=ckpt,
-                  logger=logger, evaluator=evaluator, eval_every=int(sv["eval_every"]),
+                  or EnginePublisher(engine or ctx.engine, sync=ctx.weight_sync), stream=stream, steps=int(rl["steps"]),
+                  out_dir=svc_dir, ckpt=ckpt, logger=logger, evaluator=evaluator, eval_every=int(sv["eval_every"]),
                   inflight_updates=bool(sv["inflight_updates"]), max_retries=int(sv["max_retries"]),
-                  health_every_s=float(sv["health_check_s"]), on_step=on_step)
+                  health_every_s=float(sv["health_check_s"]), on_step=on_step, engine=engine)
     try:
         if loader_state and start > 0:
             counts = run.restore(loader_state, version)
@@ -72,6 +83,8 @@ def run_services(ctx: RLContext, state: Any, *, stream: Any, ckpt: Any, logger: 
             if svc is not None:
                 svc.shutdown()
         backend.shutdown()
+        if engine is not None:
+            engine.close_replacements()
     summary = run.summary()
     run.ledger.check_complete()
     with open(os.path.join(svc_dir, "summary.json"), "w") as f:

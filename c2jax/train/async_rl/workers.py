@@ -13,6 +13,7 @@ import copy
 import time
 from typing import Any, Callable, Sequence
 
+from c2jax.train.async_rl.engine_health import EngineLost, engine_alive
 from c2jax.train.rl_rollouts import Sample, collect
 from c2jax.train.rl_step import LearnOutput, RLContext, learn
 from c2jax.train.state import TrainState
@@ -23,7 +24,11 @@ class RolloutWorker:
 
     The sampling seeds are those of the synchronous step `batch` (``seed_salt = batch``; the
     policy's per-request seeds also hash the sample id and turn), so with ``max_staleness = 0`` a
-    group samples exactly the tokens the synchronous stage samples for it."""
+    group samples exactly the tokens the synchronous stage samples for it.
+
+    An episode whose engine died under it (`engine_health.EngineLost`, masked ``error:EngineLost`` by
+    `rl_rollouts`) is not the policy's doing: the whole group is reported lost (raises EngineLost) and
+    the driver rolls it out again on the replacement engine, same ids and seeds."""
 
     def __init__(self, harness: Any, policy: Any, pool: Any, rl: dict, grade_fn: Callable | None = None,
                  seed: int = 0) -> None:
@@ -34,13 +39,15 @@ class RolloutWorker:
         G = int(self.rl["group_size"])
         policy = copy.copy(self.policy)  # per group: concurrent groups of different steps salt differently
         policy.seed, policy.seed_salt = self.seed, int(batch)
-        return collect(self.harness, policy, [task], group_size=G, pool=self.pool, max_in_flight=G,
-                       max_len=int(self.rl["max_len"]), grade_fn=self.grade_fn, on_state=on_state)
+        samples = collect(self.harness, policy, [task], group_size=G, pool=self.pool, max_in_flight=G,
+                          max_len=int(self.rl["max_len"]), grade_fn=self.grade_fn, on_state=on_state)
+        lost = [s.index for s in samples if (s.mask_reason or "").startswith(f"error:{EngineLost.__name__}")]
+        if lost:
+            raise EngineLost(f"task {getattr(task, 'instance_id', task)!r}: samples {lost} lost with their engine")
+        return samples
 
     def healthy(self) -> bool:
-        engine = getattr(self.policy, "engine", None)
-        t = getattr(engine, "_thread", None)
-        return t is None or t.is_alive()
+        return engine_alive(getattr(self.policy, "engine", None))
 
 
 class Trainer:
