@@ -68,13 +68,12 @@ class KillableRollout:
 
 
 def kill_engine(handle: Any) -> None:
-    """Make the current engine's scheduler thread die at its next step (`EngineKilled`)."""
+    """Make the current engine's scheduler thread die (`EngineKilled`) at its next step: at once while it
+    serves requests, at the next request while it is idle."""
     def dying_step() -> None:
         raise EngineKilled("inference engine killed by the fault injector")
 
     handle.current.step = dying_step
-    with handle.current._wake:  # wake an idle loop so it dies now, not at its next request
-        handle.current._wake.notify_all()
 
 
 def sandbox_pids() -> list[int]:

@@ -33,7 +33,8 @@ from _agent_common import needs_bwrap
 from _async_rl_faults import AuditError, audit_fault_run, fault_run
 from _rl_smoke_common import _env, kill9_after_first_step_checkpoint
 
-pytestmark = [needs_bwrap, pytest.mark.timeout(3600)]
+pytestmark = [needs_bwrap, pytest.mark.timeout(3600),
+              pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")]  # killed engine threads
 
 FAULT_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_run.py")
 
