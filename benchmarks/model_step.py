@@ -13,6 +13,10 @@ Fairness, by construction:
 * Parity gate before any timing: the next-token cross-entropy and the gradient norm of every row
   that computes the same thing must agree with PyTorch eager (loss to --loss-rtol, default 1e-6
   relative; grad norm to 1e-4); the benchmark stops otherwise. Workers re-check their own loss.
+* `torch-compile` (the model under `torch.compile`, inductor) is first compiled in a subprocess
+  bounded by --compile-timeout (default 900 s) and gated like the other rows; when it does not
+  compile in time or fails, its row still prints, as ``not compiled: REASON``, in every table.
+  The probe fills an inductor cache private to the run, so the timed compiles reuse it.
 * Rows compute the same thing only where labelled so: `jax-dropless` and `torch` /
   `torch-compile` are dropless MoE; `jax-capacity` drops tokens over a fixed capacity
   (capacity_factor 1.25) and is labelled with its dropped fraction, never compared as "same".
@@ -31,9 +35,12 @@ FLOPs only, the causal attention blocks c2jax executes counted, useful expert ro
 capacity row the kept assignments). The peak is the best f32 2048^3 `jnp.dot` measured in this
 run. Every row of one computation has the same numerator, so MFU ratios are speed ratios.
 
-``--profile`` traces the jax-dropless step with `jax.profiler` and prints the share of executed
-HLO time per kind of work and the top instructions (benchmarks/xla_profile.py), beside the FLOPs
-per model component. All figures are printed by this script; wall-clock figures from a shared
+``--profile`` traces the jax-dropless step with `jax.profiler` and prints where its time goes
+(benchmarks/xla_profile.py): the share of executed HLO time per model component (attention
+projections, attention scores+softmax, MoE routed / shared experts, router, norms, embed+LM
+head, loss, XLA-inserted copies) x kind of work (matmul, elementwise, data movement, reduce),
+each component's matmul GFLOP/s against the measured peak, and the top instructions, beside the
+FLOPs per model component. All figures are printed by this script; wall-clock figures from a shared
 (contended) machine must be re-measured on an idle one before they are quoted.
 """
 from __future__ import annotations
@@ -212,32 +219,89 @@ def check_parity(rows: list[str], steps: dict, loss_rtol: float) -> dict:
     return got
 
 
-def run_worker(row: str, d: str, repeats: int, warmup: int) -> dict:
-    """Body of `--worker ROW`: this row alone in this process."""
+def run_worker(row: str, d: str, repeats: int, warmup: int, probe: bool = False) -> dict:
+    """Body of `--worker ROW`: this row alone in this process. With `probe`, only build and run the
+    first (compiling) step and report its loss, grad norm and seconds."""
     tokens = np.load(os.path.join(d, "tokens.npy"))
     t0 = time.perf_counter()
     st = make_step(row, os.path.join(d, "ckpt"), tokens)
     loss = st.step()  # compile / first step
     first_s = time.perf_counter() - t0
+    if probe:
+        return {"row": row, "loss": loss, "grad_norm": st.grad_norm(), "first_step_s": first_s}
     stats = perf.time_repeats(st.step, repeats=repeats, warmup=max(0, warmup - 1))
     return {"row": row, "loss": loss, "grad_norm": st.grad_norm(), "first_step_s": first_s,
             "times": list(stats.samples), "info": st.info()}
+
+
+def _worker_cmd(row: str, d: str, args, probe: bool = False) -> list[str]:
+    return ([sys.executable, os.path.abspath(__file__), "--worker", row, "--dir", d, "--repeats", str(args.repeats),
+             "--warmup", str(args.warmup)] + (["--omp-default"] if args.omp_default else [])
+            + (["--probe"] if probe else []))
+
+
+def _last_line(p: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in (p.stderr or p.stdout or "").strip().splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else f"exit code {p.returncode}"
+
+
+def probe_compile(d: str, args, ref: tuple[float, float]) -> dict:
+    """Compile the torch-compile row in a subprocess bounded by --compile-timeout and gate its loss
+    and grad norm against torch eager `ref` = (loss, grad norm). Returns {'first_step_s': ...} when
+    it compiled and agrees, else {'error': 'not compiled: REASON'}. The inductor cache (in `d`)
+    it fills makes the timed modes' compiles quick."""
+    try:
+        p = subprocess.run(_worker_cmd("torch-compile", d, args, probe=True), capture_output=True, text=True,
+                           timeout=args.compile_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"not compiled: compile + first step exceeded --compile-timeout {args.compile_timeout:.0f} s"}
+    res = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode or not res:
+        return {"error": f"not compiled: {_last_line(p)}"}
+    v = json.loads(res[-1][len("RESULT "):])
+    dl, dg = abs(v["loss"] - ref[0]) / abs(ref[0]), abs(v["grad_norm"] - ref[1]) / ref[1]
+    print(f"parity {'torch-compile':28s} loss {v['loss']:.7f} (rel diff {dl:.1e})  grad norm {v['grad_norm']:.6f} "
+          f"(rel diff {dg:.1e})  [compile + first step {v['first_step_s']:.0f} s, subprocess]")
+    if dl > args.loss_rtol or dg > GRAD_RTOL:
+        raise SystemExit(f"parity gate FAILED for ['torch-compile']: loss/grad norm differ from torch eager beyond "
+                         f"loss rtol {args.loss_rtol:g} / grad rtol {GRAD_RTOL:g}; nothing was timed")
+    return {"first_step_s": v["first_step_s"]}
+
+
+def compile_in_process(d: str, timeout_s: float):
+    """The torch-compile row's stepper, compiled (first step run) in this process within
+    `timeout_s` seconds (SIGALRM); raises TimeoutError past it."""
+    import signal
+
+    def _alarm(signum, frame):
+        raise TimeoutError(f"in-process compile exceeded {timeout_s:.0f} s")
+
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(max(1, int(timeout_s)))
+    try:
+        st = make_step("torch-compile", os.path.join(d, "ckpt"), np.load(os.path.join(d, "tokens.npy")))
+        loss = st.step()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return st, loss
 
 
 def time_alone(rows: list[str], d: str, args) -> dict:
     """Each row in its own subprocess, one after another. {row: result dict or {'error': ...}}."""
     out = {}
     for r in rows:
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", r, "--dir", d, "--repeats", str(args.repeats),
-               "--warmup", str(args.warmup)] + (["--omp-default"] if args.omp_default else [])
+        if r in args.not_compiled:
+            out[r] = args.not_compiled[r]
+            continue
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout)
+            p = subprocess.run(_worker_cmd(r, d, args), capture_output=True, text=True, timeout=args.worker_timeout)
         except subprocess.TimeoutExpired:
             out[r] = {"error": f"worker timed out after {args.worker_timeout:.0f} s"}
             continue
         res = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         if p.returncode or not res:
-            out[r] = {"error": (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"rc {p.returncode}"]}
+            out[r] = {"error": ("not compiled: " if r == "torch-compile" else "") + _last_line(p)}
         else:
             out[r] = json.loads(res[-1][len("RESULT "):])
         print(f"  alone: {r} done", flush=True)
@@ -264,7 +328,8 @@ def report(mode: str, results: dict, cfg, batch: int, seq: int, peak: float) -> 
     print(f"\n== {mode}: step seconds (median [min, max; IQR] of n), tokens/s, MFU, torch eager / row ==")
     for r, v in results.items():
         if "times" not in v:
-            print(f"{r:28s} FAILED: {v.get('error')}")
+            err = str(v.get("error"))
+            print(f"{r:28s} {err if err.startswith('not compiled') else 'FAILED: ' + err}")
             continue
         st = perf.Stats(tuple(v["times"]))
         dropped = v.get("info", {}).get("dropped_fraction", 0.0)
@@ -276,20 +341,21 @@ def report(mode: str, results: dict, cfg, batch: int, seq: int, peak: float) -> 
               f"  {ratio}{label}")
 
 
-def print_profile(step: JaxStep, batch: int, seq: int) -> None:
-    from xla_profile import profile_compiled
+def print_profile(step: JaxStep, batch: int, seq: int, peak: float) -> None:
+    """Where the jax-dropless fwd+bwd time goes (benchmarks/xla_profile.py): by model component x
+    kind of work with shares, each component's matmul GFLOP/s against the peak, top instructions."""
+    from xla_profile import print_step_profile, profile_compiled
 
     f = perf.forward_flops(step.cfg, batch, seq)
     print("\n== profile: jax-dropless fwd+bwd (jax.profiler trace, executed HLO thunks) ==")
     print("model FLOPs per component (x3 for fwd+bwd): " + ", ".join(
         f"{k} {v / f['total']:.1%}" for k, v in f.items() if k != "total" and v))
     prof = profile_compiled(step.fn, (step.params, step.tokens), calls=3)
-    print(f"summed thunk time {prof['total_ms_per_call']:.1f} ms per call; by kind of work:")
-    for share, ms, kind in prof["by_kind"]:
-        print(f"  {kind:16s} {share:6.1%}  {ms:8.1f} ms")
+    print_step_profile(prof, f, peak)
+    print("by kind of work: " + ", ".join(f"{kind} {share:.1%}" for share, _, kind in prof["by_kind"]))
     print("top instructions:")
     for share, ms, name, kind, shape, op in prof["top"][:15]:
-        print(f"  {share:6.1%} {ms:8.1f} ms  {name:22s} {kind:12s} {shape:28s} {op[-70:]}")
+        print(f"  {share:6.1%} {ms:8.1f} ms  {name:22s} {kind:14s} {shape[:40]:40s} {op[-60:]}")
 
 
 def parse_args(argv=None):
@@ -306,6 +372,9 @@ def parse_args(argv=None):
     ap.add_argument("--loss-rtol", type=float, default=1e-6)
     ap.add_argument("--omp-default", action="store_true", help="keep PyTorch's default (busy-wait) OpenMP policy")
     ap.add_argument("--worker-timeout", type=float, default=1800.0)
+    ap.add_argument("--compile-timeout", type=float, default=900.0,
+                    help="seconds torch.compile's first step may take (subprocess probe, then in-process)")
+    ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -326,6 +395,8 @@ def parse_args(argv=None):
         ap.error(f"--batch must be >= 1 and --seq >= 2, got {args.batch}, {args.seq}")
     if args.repeats < perf.MIN_REPEATS:
         ap.error(f"--repeats must be >= {perf.MIN_REPEATS} (a median needs a spread), got {args.repeats}")
+    if args.compile_timeout <= 0 or args.worker_timeout <= 0:
+        ap.error("--compile-timeout and --worker-timeout must be > 0")
     if args.warmup < 1:
         ap.error(f"--warmup must be >= 1 (the first step compiles), got {args.warmup}")
     args.row_list, args.mode_list = rows, modes
@@ -336,11 +407,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up when piped to a file
     if args.worker:
-        print("RESULT " + json.dumps(run_worker(args.worker, args.dir, args.repeats, args.warmup)), flush=True)
+        print("RESULT " + json.dumps(run_worker(args.worker, args.dir, args.repeats, args.warmup, args.probe)),
+              flush=True)
         return 0
     import jax
 
     with tempfile.TemporaryDirectory(prefix="model_step_") as d:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(d, "inductor")  # this run's workers share it
         write_inputs(d, args.batch, args.seq)
         gate_rows = list(dict.fromkeys(["torch"] + [r for r in args.row_list if r != "torch-compile"]))
         steps = {r: make_step(r, os.path.join(d, "ckpt"), np.load(os.path.join(d, "tokens.npy"))) for r in gate_rows}
@@ -350,26 +423,35 @@ def main(argv=None) -> int:
             cfg = from_pretrained(os.path.join(d, "ckpt"), load_mtp=False)[1]
         print(f"small preset (mtp off), batch {args.batch} x {args.seq}; jax {jax.__version__} on "
               f"{jax.devices()[0].device_kind}; torch {steps['torch'].info()}")
-        ref_loss = check_parity(gate_rows, steps, args.loss_rtol)["torch"][0]
-        if args.profile and "jax-dropless" in steps:
-            print_profile(steps["jax-dropless"], args.batch, args.seq)
+        ref = check_parity(gate_rows, steps, args.loss_rtol)["torch"]
+        ref_loss = ref[0]
+        args.not_compiled = {}
+        if "torch-compile" in args.row_list:
+            probe = probe_compile(d, args, ref)
+            if "error" in probe:
+                args.not_compiled["torch-compile"] = probe
+                print(f"torch-compile: {probe['error']}")
         peak = perf.matmul_peak_gflops()
+        if args.profile and "jax-dropless" in steps:
+            print_profile(steps["jax-dropless"], args.batch, args.seq, peak)
         fl = perf.train_step_flops(cfg, args.batch, args.seq)
         print(f"\nmatmul peak (best f32 2048^3 jnp.dot, this run): {peak:.1f} GFLOP/s; dropless step "
               f"{fl / 1e9:.2f} GFLOP (perf.train_step_flops)")
         if "interleaved" in args.mode_list:
             inter_rows = [r for r in args.row_list if r in steps]
             failed = {}
-            if "torch-compile" in args.row_list:
-                try:  # inductor needs a C++ toolchain; report the row as failed when it does not compile
-                    steps["torch-compile"] = make_step("torch-compile", os.path.join(d, "ckpt"),
-                                                       np.load(os.path.join(d, "tokens.npy")))
-                    loss = steps["torch-compile"].step()  # compiles
+            if "torch-compile" in args.not_compiled:
+                failed["torch-compile"] = args.not_compiled["torch-compile"]
+            elif "torch-compile" in args.row_list:
+                try:  # the probe compiled it within the bound; the inductor cache makes this quick
+                    steps["torch-compile"], loss = compile_in_process(d, args.compile_timeout)
                 except Exception as e:  # noqa: BLE001 - any compile failure is reported, not fatal
-                    failed["torch-compile"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                    failed["torch-compile"] = {"error": f"not compiled: {type(e).__name__}: {str(e)[:200]}"}
                 else:
-                    if abs(loss - ref_loss) > args.loss_rtol * abs(ref_loss):
-                        raise SystemExit(f"parity gate FAILED for torch-compile: loss {loss} vs torch {ref_loss}")
+                    gn = steps["torch-compile"].grad_norm()
+                    if abs(loss - ref_loss) > args.loss_rtol * abs(ref_loss) or abs(gn - ref[1]) > GRAD_RTOL * ref[1]:
+                        raise SystemExit(f"parity gate FAILED for torch-compile: loss {loss}, grad norm {gn} vs "
+                                         f"torch {ref_loss}, {ref[1]}")
                     inter_rows.append("torch-compile")
             res = {**time_interleaved(inter_rows, steps, args.repeats, args.warmup), **failed}
             report("interleaved (one process)", res, cfg, args.batch, args.seq, peak)

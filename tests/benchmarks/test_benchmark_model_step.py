@@ -4,6 +4,7 @@ batch with both timing modes. Nothing here is timed or compared for speed."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -50,6 +51,7 @@ def test_parity_gate_stops_when_a_same_computation_row_differs(loss, gn):
     (["--modes", "alone,both"], "--modes"),
     (["--batch", "0"], "--batch"),
     (["--warmup", "0"], "--warmup"),
+    (["--compile-timeout", "0"], "--compile-timeout"),
 ])
 def test_bad_arguments_fail_before_compute(argv, msg, capsys):
     with pytest.raises(SystemExit):
@@ -71,3 +73,26 @@ def test_model_step_runs_fair_end_to_end():
     assert "== interleaved" in out and "== alone" in out and "FAILED" not in out
     assert out.count("n=5") == 6  # 3 rows x 2 modes, each a median of 5 with its spread
     assert "drops" in out and "by kind of work" in out and "matmul" in out
+
+
+def test_compile_probe_past_its_bound_gives_a_not_compiled_row(tmp_path, capsys):
+    """A compile that cannot finish within --compile-timeout is reported as a row, not a crash
+    (0.5 s: importing torch and transformers alone takes longer)."""
+    import numpy as np
+
+    np.save(tmp_path / "tokens.npy", np.zeros((1, 8), np.int64))
+    args = model_step.parse_args(["--compile-timeout", "0.5"])
+    got = model_step.probe_compile(str(tmp_path), args, ref=(8.0, 2.0))
+    assert got["error"].startswith("not compiled: compile + first step exceeded --compile-timeout")
+    from c2jax.model import preset
+
+    model_step.report("alone", {"torch": {"times": [1.0] * 5}, "torch-compile": got}, preset("small"), 1, 8, 50.0)
+    out = capsys.readouterr().out
+    assert re.search(r"^torch-compile +not compiled: compile \+ first step exceeded", out, re.M), out
+    assert "FAILED" not in out
+
+
+def test_compile_probe_that_crashes_gives_its_reason(tmp_path):
+    args = model_step.parse_args([])  # no inputs written in tmp_path: the worker fails at once
+    got = model_step.probe_compile(str(tmp_path), args, ref=(8.0, 2.0))
+    assert got["error"].startswith("not compiled: ") and "tokens.npy" in got["error"], got
