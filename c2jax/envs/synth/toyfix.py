@@ -49,7 +49,7 @@ from c2jax.envs.synth.toyfix_programs import (ARCHETYPES, VOCAB, WORDS, Archetyp
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = "3"
+GENERATOR_VERSION = "4"
 GENERATOR = "c2jax.envs.synth.toyfix"
 TOYFIX_TOOLS: tuple[str, ...] = ("read_file", "search_replace", "run_terminal_cmd")
 DIFFICULTIES = (1, 2, 3)

@@ -337,7 +337,10 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
         call = _fmt_call(f.name, case)
         imp = f"from {pkg}.{mod} import {f.name}"
         shown = f"returns {got[1]!r}" if got[0] == "ok" else f"raises {got[1]}"
-        sentences.append(f"`{imp}; {call}` {shown}; it should return {want[1]!r}.")
+        # The file is named in a backtick-quoted span: byte-level BPE then tokenises its words exactly
+        # as in a tool argument ('"pkg/mod.py"'), so reading it is a copy. In "from pkg.mod" the words
+        # carry a leading space ("Ġpkg"), a different token than in the path: not a copy.
+        sentences.append(f"In `{pkg}/{mod}.py`, `{imp}; {call}` {shown}; it should return {want[1]!r}.")
         b.update({"path": f"{pkg}/{mod}.py", "call": call, "import": imp, "got": repr(got[1]) if got[0] == "ok"
                   else f"raises {got[1]}", "want": repr(want[1])})
     statement = " ".join(sentences) + " Fix the code."

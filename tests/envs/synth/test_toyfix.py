@@ -42,6 +42,9 @@ def test_statement_states_symptom_only_and_names_the_module(difficulty):
             assert m and f"{b['import']}; {b['call']}" in c.statement
             assert b["path"] == b["import"].split()[1].replace(".", "/") + ".py" and b["path"] in changed
             assert b["want"] in c.statement
+            # the file is named after a backtick, so byte-level BPE tokenises its words as in a tool
+            # argument ("Ġpkg" after "from " would be a different token than "pkg" in '"pkg/mod.py"')
+            assert f"In `{b['path']}`, `{b['import']}; " in c.statement
             # neither the buggy line nor the fix is in the statement (besides the symptom's values)
             code = re.sub(r"(it should return|returns) [^;]*[;.]", "", c.statement)
             for line in (b["old"] + "\n" + b["new"]).splitlines():
