@@ -31,9 +31,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from c2jax.atomic import atomic_write_json
 from c2jax.config import ConfigError, to_plain
 from c2jax.train.stages import STAGES
+from c2jax.train.rl_eval import evaluate  # noqa: F401  (re-exported: sft_matched, the CLI)
 
 log = logging.getLogger(__name__)
 
@@ -102,38 +102,6 @@ def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str) -> st
     return (f"python -m c2jax.bench run --suite {suite_dir} --split eval --limit {ev['n_tasks']} --policy engine "
             f"--checkpoint {ckpt} --k {ev['k']} --temperature {ev['temperature']} --seed {seed} "
             f"--max-in-flight {ev['max_in_flight']} --max-len {rl['max_len']} --agent-config {spec} --out {out}")
-
-
-def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks: list, out_dir: str,
-             seed: int) -> dict:
-    """Held-out pass@k of `params` through the harness (cached in out_dir/rows.jsonl)."""
-    from c2jax.agent.policies import EnginePolicy
-    from c2jax.bench.agent_eval import evaluate_agent, summarize_agent
-    from c2jax.sampling import Engine, EngineConfig
-    from c2jax.train.rl_family import make_harness
-    from c2jax.train.rl_rollouts import grade_validated
-
-    rows_path = os.path.join(out_dir, "rows.json")
-    ev = rl["eval"]
-    if os.path.exists(rows_path):
-        with open(rows_path) as f:
-            rows = json.load(f)
-    else:
-        os.makedirs(out_dir, exist_ok=True)
-        engine = Engine(params, cfg, EngineConfig(max_slots=int(ev["max_in_flight"]), max_len=int(rl["max_len"])),
-                        tokenizer=tokenizer)
-        try:
-            harness, fmt = make_harness(config, tokenizer)
-            policy = EnginePolicy(engine, fmt, temperature=float(ev["temperature"]), seed=seed)
-            rows = evaluate_agent(tasks, harness, policy, k=int(ev["k"]), max_in_flight=int(ev["max_in_flight"]),
-                                  grade_fn=grade_validated)
-        finally:
-            engine.shutdown()
-        atomic_write_json(rows_path, rows, default=str)
-    res = summarize_agent(rows, ks=(1, int(ev["k"])), seed=seed)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(res, f, indent=2, default=str)
-    return {"rows": rows, "results": res}
 
 
 def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
@@ -262,6 +230,15 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
                                     for t, p in (("before", "init"), ("after", "final"))}
         summary["eval_checkpoints"] = {"before": os.path.join(out_dir, "policy_init"),
                                        "after": os.path.join(out_dir, "policy_final")}
+        if [int(d) for d in rl["eval"]["difficulties"]] != [int(rl["tasks"]["difficulty"])]:
+            from c2jax.train import rl_difficulty
+
+            t0 = time.time()
+            by_d = rl_difficulty.sweep({"before": params0, "after": final}, cfg, tokenizer, config, rl, seed,
+                                       os.path.join(out_dir, "difficulty"), main={"before": before, "after": after})
+            rl_difficulty.plot(by_d, os.path.join(out_dir, "pass_at_1_by_difficulty.png"))
+            summary["pass_at_1_by_difficulty"] = {str(d): v for d, v in by_d.items()}
+            timings["eval_difficulty_s"] = time.time() - t0
     if services is not None:
         summary["services"] = services
     summary["time"] = timings

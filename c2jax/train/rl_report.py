@@ -74,6 +74,10 @@ def write_report(out_dir: str, summary: dict, train_jsonl: str) -> str:
                     "rollouts/masked", "effort/turns", "effort/tool_calls"):
             if key in first or key in last:
                 lines.append(f"| {key} | {_fmt(first.get(key))} | {_fmt(last.get(key))} |")
+    if summary.get("pass_at_1_by_difficulty"):
+        from c2jax.train.rl_difficulty import report_lines
+
+        lines += [""] + report_lines(summary["pass_at_1_by_difficulty"])
     wf = summary.get("wellformed")
     if wf:
         lines += ["", "## Lift restricted to well-formed tool calls", ""]

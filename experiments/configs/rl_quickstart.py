@@ -89,7 +89,8 @@ def _rl(**over) -> dict:
         replay_metrics=True,
         curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
         tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=512, seed=0, docstrings=False),
-        eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32),
+        eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32, difficulties=(1, 2, 3),
+                  difficulty_n_tasks=16, difficulty_k=4),
         services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
                       eval_every=0, health_check_s=5.0),
         weight_sync=dict(mode="direct", full_every=10, dir=None, wire_dtype=None, keep_full=2, level=3),
@@ -133,7 +134,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     if smoke:
         config.rl = _rl(group_size=2, steps=2, tasks_per_step=2, max_in_flight=4, ckpt_every=1,
                         tasks=dict(n_train=4, n_eval=4, n_demo=6), curriculum=dict(upsample_after_step=1),
-                        eval=dict(k=2, n_tasks=4, max_in_flight=8))
+                        eval=dict(k=2, n_tasks=4, max_in_flight=8, difficulties=(1,)))
     else:
         config.rl = _rl()
     if arg == "std_norm":

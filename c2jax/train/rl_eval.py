@@ -1,0 +1,45 @@
+"""Held-out evaluation of an RL policy through the harness (pass@k rows, cached per output dir).
+
+`evaluate(params, ...)` runs the sampling engine + harness + grader on held-out tasks and returns
+{"rows", "results"}; the RL stage (before / after), `sft_matched` and the difficulty sweep
+(`c2jax.train.rl_difficulty`) all score policies through it, so their figures are comparable.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from c2jax.atomic import atomic_write_json
+
+
+def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks: list, out_dir: str,
+             seed: int) -> dict:
+    """Held-out pass@k of `params` through the harness (cached in out_dir/rows.jsonl)."""
+    from c2jax.agent.policies import EnginePolicy
+    from c2jax.bench.agent_eval import evaluate_agent, summarize_agent
+    from c2jax.sampling import Engine, EngineConfig
+    from c2jax.train.rl_family import make_harness
+    from c2jax.train.rl_rollouts import grade_validated
+
+    rows_path = os.path.join(out_dir, "rows.json")
+    ev = rl["eval"]
+    if os.path.exists(rows_path):
+        with open(rows_path) as f:
+            rows = json.load(f)
+    else:
+        os.makedirs(out_dir, exist_ok=True)
+        engine = Engine(params, cfg, EngineConfig(max_slots=int(ev["max_in_flight"]), max_len=int(rl["max_len"])),
+                        tokenizer=tokenizer)
+        try:
+            harness, fmt = make_harness(config, tokenizer)
+            policy = EnginePolicy(engine, fmt, temperature=float(ev["temperature"]), seed=seed)
+            rows = evaluate_agent(tasks, harness, policy, k=int(ev["k"]), max_in_flight=int(ev["max_in_flight"]),
+                                  grade_fn=grade_validated)
+        finally:
+            engine.shutdown()
+        atomic_write_json(rows_path, rows, default=str)
+    res = summarize_agent(rows, ks=(1, int(ev["k"])), seed=seed)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(res, f, indent=2, default=str)
+    return {"rows": rows, "results": res}
