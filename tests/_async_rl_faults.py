@@ -159,13 +159,15 @@ class FaultInjector:
             t.join(timeout)
 
 
-def plan_faults(seed: int, start: int, lo: int, hi: int, groups_per_step: int) -> dict:
+def plan_faults(seed: int, start: int, lo: int, hi: int, groups_per_step: int,
+                kinds: tuple = ("worker", "engine", "sandbox")) -> dict:
     """A seeded random plan for a process that starts at update `start`: the rollout-worker and engine
     kills after random updates in [lo, hi), the sandbox kill after a later one (<= hi), so no later
     fault of this process rolls its masked sample's group out again (the caller keeps the trainer
     kill and the run's end >= 3 updates after `hi`: the group is trained by then). Returns
     {"at": {"engine": u, "sandbox": u}, "worker": {submission number in this process: lifecycle
-    event}} (the killed group is one admitted around that update); an empty plan if hi <= lo."""
+    event}} (the killed group is one admitted around that update), only for `kinds`; an empty plan
+    if hi <= lo."""
     import random
 
     rng = random.Random(seed)
@@ -174,7 +176,8 @@ def plan_faults(seed: int, start: int, lo: int, hi: int, groups_per_step: int) -
     w, e = rng.randrange(lo, hi), rng.randrange(lo, hi)
     sandbox = rng.randrange(max(w, e) + 1, hi + 1)
     worker = {max(0, w - start) * groups_per_step + rng.randrange(groups_per_step): rng.randrange(4)}
-    return {"at": {"engine": e, "sandbox": sandbox}, "worker": worker}
+    at = {k: v for k, v in (("engine", e), ("sandbox", sandbox)) if k in kinds}
+    return {"at": at, "worker": worker if "worker" in kinds else {}}
 
 
 class AuditTrainer:
@@ -292,13 +295,13 @@ FAULT_TASKS_PER_STEP, FAULT_GROUP = 2, 2
 
 
 def fault_run(out: str, env_id: str, *, steps: int, seed: int = 0, staleness: int = 1, faults: tuple = (0, 0),
-              learn: bool = True, recovery: bool = True) -> dict:
+              learn: bool = True, recovery: bool = True, kinds: tuple = ("worker", "engine", "sandbox")) -> dict:
     """One process's share of a fault-injection run (tests/train/async_rl/fault_run.py is its command
     line; the test SIGKILLs that process at a random moment and calls this again to resume).
 
     The asynchronous driver on the embedded backend with the real harness, engine, sandbox pool and
     (``learn``) learner of the tiny model, a real checkpointer every update, the seeded faults of
-    `plan_faults` over updates [faults[0], faults[1]) (`FaultInjector`, `KillableRollout`) and the
+    `plan_faults` of `kinds` over updates [faults[0], faults[1]) (`FaultInjector`, `KillableRollout`) and the
     `AuditTrainer` log. On a directory with a checkpoint it resumes: parameters, Adam, task stream,
     the engine's weights and version, and (unless not ``recovery``: the positive control) the
     reconciler, ledger and group checkpoints (`AsyncRL.restore`). Leaves in `out`, durably as it
@@ -336,7 +339,7 @@ def fault_run(out: str, env_id: str, *, steps: int, seed: int = 0, staleness: in
             os.fsync(f.fileno())
 
     append("runs.jsonl", {"start": start, "pid": os.getpid()})
-    plan = plan_faults(seed * 1000 + start, start, faults[0], faults[1], B)
+    plan = plan_faults(seed * 1000 + start, start, faults[0], faults[1], B, kinds)
     holder: dict = {}
 
     def on_step(step: int, metrics: dict) -> None:

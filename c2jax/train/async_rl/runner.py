@@ -17,6 +17,12 @@ One thread (the driver) owns the reconciler and does, in an event loop woken by 
            weights between decode steps, in-flight rollouts continue and their later tokens carry the
            new version), then an evaluation of the pinned weights every ``eval_every`` steps.
 
+Health checks (every ``health_every_s`` and whenever a group is lost): a dead engine
+(`engine_health.SupervisedEngine`, embedded backend) is replaced first, then a dead rollout
+service restarted; ``summary()['restarts']`` counts each replacement by kind. A lost sandbox needs
+no driver action: its episode is masked ``infra:sandbox`` and the pool starts a fresh sandbox for
+the next episode.
+
 ``max_staleness = 0`` degenerates to the synchronous stage: step k's groups are admitted only once
 version k is live, all of them are trained together in task order, so the parameters are bit-identical
 to `rl_step`'s (tested). ``inflight_updates = False`` holds a new version back until no rollout is in

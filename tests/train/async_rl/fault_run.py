@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", type=int, nargs=2, default=(0, 0), metavar=("A", "B"),
                     help="rollout-worker and engine kills after random updates in [A, B), a sandbox kill after a "
                          "later one (<= B); 0 0: none")
+    ap.add_argument("--kinds", default="worker,engine,sandbox", help="the fault kinds to inject (comma-separated)")
     ap.add_argument("--no-learn", action="store_true",
                     help="the trainer logs and counts updates without a gradient step (the fast variant)")
     ap.add_argument("--no-recovery", action="store_true",
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from _async_rl_faults import fault_run
 
     fault_run(a.out, a.env_id, steps=a.steps, seed=a.seed, staleness=a.staleness, faults=tuple(a.faults),
-              learn=not a.no_learn, recovery=not a.no_recovery)
+              learn=not a.no_learn, recovery=not a.no_recovery, kinds=tuple(a.kinds.split(",")))
     return 0
 
 

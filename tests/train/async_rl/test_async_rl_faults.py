@@ -17,7 +17,9 @@ Positive control: the same killed run resumed without its recovery (parameters a
 no ledger / group store) fails the audit.
 
 Default: 6 updates without gradient steps (the trainer only logs; the services are what is tested),
-one fault of each kind. Slow: 30 updates of the real learner, faults in both processes.
+one fault of each kind. Slow: 30 updates of the real learner, faults in both processes; and with
+``max_staleness = 0``, worker + engine + trainer kills (a lost group is rolled out again with the
+same seeds on the same policy version), the resumed run's parameters equal the uninterrupted run's.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import sys
 import pytest
 
 from _agent_common import needs_bwrap
+from _async_rl_common import param_hash, tiny_model
 from _async_rl_faults import AuditError, audit_fault_run, fault_run
 from _rl_smoke_common import _env, kill9_after_first_step_checkpoint
 
@@ -44,10 +47,11 @@ def _lines(path) -> list[dict]:
 
 
 def _kill_first_process(out, env_id, *, steps: int, seed: int, faults: tuple, kill_after: int, delay_s: float,
-                        learn: bool) -> dict:
+                        learn: bool, staleness: int = 1, kinds: str = "worker,engine,sandbox") -> dict:
     """Run fault_run.py until its step-`kill_after` checkpoint (+ `delay_s`), SIGKILL it; what it left."""
     cmd = [sys.executable, FAULT_RUN, str(out), env_id, "--steps", str(steps), "--seed", str(seed),
-           "--faults", str(faults[0]), str(faults[1])] + ([] if learn else ["--no-learn"])
+           "--faults", str(faults[0]), str(faults[1]), "--staleness", str(staleness), "--kinds", kinds]
+    cmd += [] if learn else ["--no-learn"]
     left = kill9_after_first_step_checkpoint(cmd, out / "checkpoints", min_step=kill_after, delay_s=delay_s,
                                              env=_env())
     assert left and max(int(s) for s in left) < steps, f"not killed before the end: checkpoints {left}"
@@ -117,3 +121,20 @@ def test_thirty_updates_with_random_faults_in_both_processes(repo_env, tmp_path,
     assert audit["runs"] == 2 and audit["updates"] == steps
     assert audit["dropped"].get("masked:infra:sandbox", 0) >= 1, audit
     assert max(int(k) for k in summary["staleness_hist"]) <= 1
+
+
+@pytest.mark.slow
+def test_max_staleness_0_run_with_worker_engine_and_trainer_kills_equals_the_uninterrupted_run(repo_env, tmp_path):
+    steps, seed = 8, 2
+    ref = fault_run(str(tmp_path / "ref"), repo_env[1], steps=steps, seed=seed, staleness=0)  # no faults
+    first = _kill_first_process(tmp_path / "run", repo_env[1], steps=steps, seed=seed, faults=(0, 3), kill_after=5,
+                                delay_s=0.5, learn=True, staleness=0, kinds="worker,engine")
+    kinds = _kinds(first["faults"])
+    assert kinds == {"worker": 1, "engine": 1}, first["faults"]
+    _check_handled(kinds, first["restarts"])
+    summary = fault_run(str(tmp_path / "run"), repo_env[1], steps=steps, seed=seed, staleness=0)
+    assert summary["start"] == first["checkpoint"] < steps
+    assert ref["param_hash"] != param_hash(tiny_model()[1])  # control: the updates moved the weights
+    assert summary["param_hash"] == ref["param_hash"]
+    audit = audit_fault_run(str(tmp_path / "run"), steps)
+    assert audit["trained"] + sum(audit["dropped"].values()) == steps * 2 * 2
