@@ -40,11 +40,11 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     # heuristics of their (earlier) rollouts: mean turns and thinking tokens (report 3.2).
     curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
     # The learnable task family (c2jax.envs.synth.toyfix) built for the stage (cached).
-    tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=256, seed=0, docstrings=False),
+    tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=64, n_demo=256, seed=0, docstrings=False),
     # Held-out evaluation before and after RL (same command both times), and pass@1 against the
     # family's difficulty knob (c2jax.train.rl_difficulty: `difficulty_n_tasks` held-out tasks x
     # `difficulty_k` samples at each of `difficulties`; the configured difficulty reuses the main rows).
-    eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32, difficulties=(1, 2, 3),
+    eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32, difficulties=(0, 1, 2, 3),
               difficulty_n_tasks=16, difficulty_k=4),
     # Asynchronous services (c2jax.train.async_rl): off = the synchronous step loop.
     services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
@@ -159,7 +159,9 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     _sub(check, "tasks", tasks, d["tasks"])
     if tasks.get("suite") != "toyfix":
         check.error("tasks.suite", f"must be one of ['toyfix'], got {tasks.get('suite')!r}")
-    _int(check, "tasks.difficulty", tasks.get("difficulty"), 1)
+    _int(check, "tasks.difficulty", tasks.get("difficulty"), 0)
+    if isinstance(tasks.get("difficulty"), int) and tasks["difficulty"] > 3:
+        check.error("tasks.difficulty", f"must be one of [0, 1, 2, 3], got {tasks['difficulty']}")
     for k in ("n_train", "n_eval", "n_demo"):
         _int(check, f"tasks.{k}", tasks.get(k), 0)
     _int(check, "tasks.seed", tasks.get("seed"), 0)
@@ -175,8 +177,8 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     for k in ("difficulty_n_tasks", "difficulty_k"):
         _int(check, f"eval.{k}", ev.get(k), 1)
     ds = ev.get("difficulties")
-    if not isinstance(ds, (list, tuple)) or any(isinstance(x, bool) or x not in (1, 2, 3) for x in ds):
-        check.error("eval.difficulties", f"must be a list of toyfix difficulties from [1, 2, 3], got {ds!r}")
+    if not isinstance(ds, (list, tuple)) or any(isinstance(x, bool) or x not in (0, 1, 2, 3) for x in ds):
+        check.error("eval.difficulties", f"must be a list of toyfix difficulties from [0, 1, 2, 3], got {ds!r}")
     sv = dict(c["services"])
     _sub(check, "services", sv, d["services"])
     for k in ("enabled", "inflight_updates"):

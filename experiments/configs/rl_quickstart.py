@@ -88,8 +88,8 @@ def _rl(**over) -> dict:
         log_every=1,
         replay_metrics=True,
         curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
-        tasks=dict(suite="toyfix", difficulty=1, n_train=128, n_eval=64, n_demo=512, seed=0, docstrings=False),
-        eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32, difficulties=(1, 2, 3),
+        tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=64, n_demo=512, seed=0, docstrings=False),
+        eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32, difficulties=(0, 1, 2, 3),
                   difficulty_n_tasks=16, difficulty_k=4),
         services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
                       eval_every=0, health_check_s=5.0),
@@ -124,9 +124,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     config.agent_sft = dict(steps=4 if smoke else 300, batch_size=2 if smoke else 4, seq_len=1024,
                             peak_lr=3e-3, warmup_steps=2 if smoke else 20, min_lr_ratio=0.1, weight_decay=0.0,
                             clip_norm=1.0, max_demos=6 if smoke else 512, split="demo", log_every=1 if smoke else 10,
-                            synth_code_steps=3 if smoke else 300, synth_code_batch=16, synth_code_seq_len=256,
+                            synth_code_steps=3 if smoke else 0, synth_code_batch=16, synth_code_seq_len=256,
                             synth_code_lr=3e-3, synth_code_drill_words="train", synth_code_drill_share=0.5,
-                            demo_style="read_replace")
+                            demo_style="shell_lines")
     config.agent = agent_config_dict(system_prompt=SYSTEM, max_turns=6, max_policy_tokens=768, max_new_tokens=160,
                                      max_context_tokens=1024, max_wall_s=120.0, summary_trigger_tokens=None,
                                      tools={"enabled": TOYFIX_TOOLS, "strict": False, "compact_declarations": True, "cmd_timeout_s": 20.0,

@@ -24,13 +24,13 @@ def _errors(eval_over: dict) -> list:
     return c.errors
 
 
-def test_defaults_cover_three_difficulties():
+def test_defaults_cover_every_difficulty():
     ev = stage_defaults()["eval"]
-    assert list(ev["difficulties"]) == [1, 2, 3] and ev["difficulty_n_tasks"] >= 1 and ev["difficulty_k"] >= 1
+    assert list(ev["difficulties"]) == [0, 1, 2, 3] and ev["difficulty_n_tasks"] >= 1 and ev["difficulty_k"] >= 1
     assert resolve_stage({"eval": {"difficulties": (1,)}})["eval"]["difficulty_k"] == ev["difficulty_k"]
 
 
-@pytest.mark.parametrize("bad", [(4,), (0, 1), "123", (True,)])
+@pytest.mark.parametrize("bad", [(4,), (-1, 1), "123", (True,)])
 def test_bad_difficulties_are_named(bad):
     errs = _errors({"difficulties": bad})
     assert [k for k, _ in errs] == ["eval.difficulties"], errs

@@ -10,6 +10,9 @@ others) and the gold patch (broken -> fixed) as a git diff, like the other synth
     res["train"], res["eval"], res["demo"]            # task JSONL paths (+ counts, stats, leakage)
 
 Difficulty (`difficulty`):
+  0  one module holding ONE function (1-5 body lines); one operator or comparison swapped (`+`/`-`,
+     `*`, `//`, `<`/`<=`, `==`/`!=`, `+=`/`-=`): the fix needs reading which operator the code has,
+     but copies no name and no constant, so a model without in-context copying can learn it.
   1  one module, 2-3 functions, one one-token bug (operator swap, comparison `<`/`<=`, off-by-one
      constant, wrong variable returned). The level a tiny model must learn.
   2  two modules (one a distractor), two one-token bugs in two functions of the target module.
@@ -52,7 +55,7 @@ log = logging.getLogger(__name__)
 GENERATOR_VERSION = "4"
 GENERATOR = "c2jax.envs.synth.toyfix"
 TOYFIX_TOOLS: tuple[str, ...] = ("read_file", "search_replace", "run_terminal_cmd")
-DIFFICULTIES = (1, 2, 3)
+DIFFICULTIES = (0, 1, 2, 3)
 STREAMS = ("eval", "train", "demo")  # generation order; demo is a train-distribution stream
 
 def _norm_diff(patch: str) -> str:

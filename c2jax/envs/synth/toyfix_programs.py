@@ -253,12 +253,12 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
     vocab = VOCAB[split]
     rng = random.Random(seed)
     pkg = rng.choice(vocab["package"])
-    n_mods = {1: 1, 2: 2, 3: 3}[difficulty]
+    n_mods = {0: 1, 1: 1, 2: 2, 3: 3}[difficulty]
     mods = rng.sample(vocab["module"], n_mods)
     used: set[str] = set()
     funcs: dict[str, list[Func]] = {}
     for mi, mod in enumerate(mods):
-        nf = rng.randint(2, 3)
+        nf = 1 if difficulty == 0 else rng.randint(2, 3)
         doc = difficulty >= 3 or docstrings
         funcs[mod] = [_make_func(rng, vocab, used, doc) for _ in range(nf)]
     for fs in funcs.values():
@@ -271,7 +271,7 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
                     seen.add(repr(c))
                     f.cases.append(c)
     # where the bugs go
-    if difficulty == 1:
+    if difficulty in (0, 1):
         plan = [(mods[0], "mutate")]
     elif difficulty == 2:
         plan = [(mods[0], "mutate"), (mods[0], "mutate")]
@@ -294,6 +294,8 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
             kind, changed = "stub", (2, len(f.lines))  # pristine lines [2:] became one raise line
         else:
             muts = mutations(f)
+            if difficulty == 0:  # operators and comparisons only: the fix copies no name or constant
+                muts = [m for m in muts if m.kind in ("operator", "comparison")]
             rng.shuffle(muts)
             kinds = sorted({m.kind for m in muts})
             rng.shuffle(kinds)  # a kind first, uniformly: off-by-one sites would dominate otherwise

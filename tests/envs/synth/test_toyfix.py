@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import time
+import types
 
 import pytest
 
@@ -32,7 +33,7 @@ def test_vocabularies_are_disjoint():
     assert set(T.VOCAB["train"]) == set(T.VOCAB["eval"])
 
 
-@pytest.mark.parametrize("difficulty", [1, 2, 3])
+@pytest.mark.parametrize("difficulty", [0, 1, 2, 3])
 def test_statement_states_symptom_only_and_names_the_module(difficulty):
     for c in _cands(difficulty):
         changed = [p for p in c.broken if c.broken[p] != c.pristine[p]]
@@ -57,7 +58,15 @@ def test_statement_states_symptom_only_and_names_the_module(difficulty):
 
 
 def test_difficulty_knob_changes_the_tasks():
-    d1, d2, d3 = (_cands(d) for d in (1, 2, 3))
+    d0, d1, d2, d3 = (_cands(d) for d in (0, 1, 2, 3))
+    from c2jax.envs.synth.toyfix_shell_demos import applies
+
+    for c in d0:  # one module with ONE function; an operator or comparison swapped (no name, no constant)
+        assert len(c.broken) == 2 and len(c.bugs) == 1 and len(c.f2p) == 1 and not c.p2p
+        assert c.bugs[0]["kind"] in ("operator", "comparison")
+        assert sum(ln.startswith("def ") for ln in c.broken[c.bugs[0]["path"]].splitlines()) == 1
+    as_task = [types.SimpleNamespace(provenance={"bugs": c.bugs, "repo": dict(c.broken)}) for c in d0]
+    assert sum(map(applies, as_task)) >= len(d0) - 1  # shell demos edit by line number
     for c in d1:  # one module, one one-token bug: exactly one line differs
         assert len(c.broken) == 2 and len(c.bugs) == 1 and len(c.f2p) == 1
         (p,) = [p for p in c.broken if c.broken[p] != c.pristine[p]]
