@@ -283,7 +283,11 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
         if not pool:
             return None
         targets.append((mod, rng.choice(pool), how))
-    pristine_mod = {mod: module_text(fs) for mod, fs in funcs.items()}
+    # Difficulty 0 varies where the function starts (no header, a comment line, or a module docstring),
+    # so the line to edit must be read from the code: a fixed "2s/-/+/" guess would fix a quarter of them.
+    header = {mod: (rng.choice(["", f"# {pkg}/{mod}.py\n", f'"""The {mod} helpers of {pkg}."""\n\n\n'])
+                    if difficulty == 0 else "") for mod in funcs}
+    pristine_mod = {mod: header[mod] + module_text(fs) for mod, fs in funcs.items()}
     broken_funcs = {mod: [dataclasses.replace(f, lines=list(f.lines)) for f in fs] for mod, fs in funcs.items()}
     bugs: list[dict] = []
     for mod, f, how in targets:
@@ -322,7 +326,7 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
             bf.lines[chosen.line] = chosen.new_line
             kind, changed = chosen.kind, (chosen.line, chosen.line + 1)
         bugs.append({"module": mod, "function": f.name, "kind": kind, "lines": changed})
-    broken_mod = {mod: module_text(fs) for mod, fs in broken_funcs.items()}
+    broken_mod = {mod: header[mod] + module_text(fs) for mod, fs in broken_funcs.items()}
     # symptoms (checked on the host; the sandbox run below is the authority)
     sentences = []
     for b in bugs:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections import Counter
+from typing import Any, Sequence
 
 MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulty 1 (not __init__.py)
 _BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
@@ -112,3 +113,38 @@ def shell_demo_messages(task: Any) -> list:
     turns = [Message("assistant", "", [ToolCall(make_call_id("run_terminal_cmd", i), "run_terminal_cmd",
                                                 json.dumps({"command": c}))]) for i, c in enumerate(cmds)]
     return turns + [Message("assistant", f"Fixed line {n}.")]
+
+
+def edit_key(task: Any) -> tuple[int, str] | None:
+    """(line number, sed substitution) of the shell-style fix of `task`, or None if it does not apply."""
+    if not applies(task):
+        return None
+    bug = task.provenance["bugs"][0]
+    return _bug_line(task, bug)["line"], sed_edit(bug["old"], bug["new"])
+
+
+def _apply_sed(line: str, sub: str) -> str:
+    """`line` after the literal substitution `s/PAT/REP/` of `sed_edit` (first match only)."""
+    m = re.fullmatch(r"s/((?:\\.|[^/\\])*)/((?:\\.|[^/\\])*)/", sub)
+    if m is None:
+        raise ValueError(f"not a sed_edit substitution: {sub!r}")
+    pat, rep = (re.sub(r"\\(.)", r"\1", g) for g in m.groups())
+    return line.replace(pat, rep, 1)
+
+
+def blind_edit_baseline(train: Sequence[Any], held_out: Sequence[Any]) -> dict:
+    """The policy that never reads: the most common training fix (line number + substitution) applied to
+    every held-out task. `resolved_share` is the share of held-out tasks whose buggy line it turns into
+    the gold line (host-side; a floor for what guessing alone earns on the family)."""
+    keys = Counter(k for k in map(edit_key, train) if k is not None)
+    if not keys or not held_out:
+        return {"edit": None, "resolved_share": 0.0, "held_out": len(held_out)}
+    (n, sub), _ = keys.most_common(1)[0]
+    hits = 0
+    for t in held_out:
+        bug = t.provenance["bugs"][0]
+        lines = t.provenance.get("repo", {}).get(bug["path"], "").splitlines()
+        if 0 < n <= len(lines) and len(t.provenance["bugs"]) == 1 and lines[n - 1] == bug["old"]:
+            hits += _apply_sed(lines[n - 1], sub) == bug["new"]
+    return {"edit": f"{n}{sub}", "resolved_share": hits / len(held_out), "held_out": len(held_out),
+            "train_share_of_edit": keys.most_common(1)[0][1] / sum(keys.values())}

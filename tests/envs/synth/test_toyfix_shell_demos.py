@@ -75,3 +75,42 @@ def test_docstrings_knob_documents_every_function_at_difficulty_1():
     src = "".join(c.broken.values())
     assert src.count("def ") == src.count('"""') // 2 > 0
     assert '"""' not in "".join(plain.broken.values())
+
+
+def _d0_tasks(stream: str, n: int) -> list:
+    import types
+
+    out, i = [], 0
+    while len(out) < n:
+        c = toyfix.make_candidate(stream, toyfix._seed(0, stream, 0, i), 0)
+        i += 1
+        if c is not None:
+            out.append(types.SimpleNamespace(provenance={"bugs": c.bugs, "repo": dict(c.broken)}))
+    return out
+
+
+@pytest.mark.parametrize("old,new", [("    return x - y", "    return x + y"), ("    return v[:2]", "    return v[:3]"),
+                                     ("        acc //= 2", "        acc *= 2")])
+def test_apply_sed_matches_real_sed(tmp_path, old, new):
+    from c2jax.envs.synth.toyfix_shell_demos import _apply_sed
+
+    e = sed_edit(old, new)
+    f = tmp_path / "m.py"
+    f.write_text(old + "\n")
+    subprocess.run(["sed", "-i", f"1{e}", str(f)], check=True)
+    assert _apply_sed(old, e) == f.read_text()[:-1] == new
+
+
+def test_blind_edit_baseline_is_a_floor_not_a_solution():
+    """Difficulty 0 scatters the edit's line (module headers) so that the most common training fix,
+    replayed blind on held-out tasks, resolves few of them; a task set made only of that fix is a
+    positive control (the baseline then resolves every task)."""
+    from c2jax.envs.synth.toyfix_shell_demos import blind_edit_baseline, edit_key
+
+    train, held = _d0_tasks("train", 120), _d0_tasks("eval", 60)
+    assert len({edit_key(t)[0] for t in train if edit_key(t)}) >= 3  # the line to edit varies
+    base = blind_edit_baseline(train, held)
+    assert base["edit"] and base["resolved_share"] < 0.2 and base["train_share_of_edit"] < 0.2
+    top = base["edit"]
+    same = [t for t in held if edit_key(t) and f"{edit_key(t)[0]}{edit_key(t)[1]}" == top]
+    assert same and blind_edit_baseline(train, same)["resolved_share"] == 1.0
