@@ -224,6 +224,10 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
         after = evaluate(final, cfg, tokenizer, config, rl, eval_tasks, os.path.join(out_dir, "eval_after"), seed)
         timings["eval_after_s"] = time.time() - t0
         summary.update(eval_summary(before, after, rl, seed))
+        from c2jax.envs.synth.toyfix_shell_demos import blind_edit_baseline
+
+        # What never reading earns: the most common training fix replayed on the held-out tasks.
+        summary["blind_edit_baseline"] = blind_edit_baseline(train_tasks, eval_tasks)
         summary["eval_command"] = eval_command(fam["dir"], "CHECKPOINT", rl, seed, "OUT")
         summary["eval_commands"] = {t: eval_command(fam["dir"], os.path.join(out_dir, f"policy_{p}"), rl, seed,
                                                     os.path.join(out_dir, f"bench_{t}"))

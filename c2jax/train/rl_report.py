@@ -58,6 +58,10 @@ def write_report(out_dir: str, summary: dict, train_jsonl: str) -> str:
         lines += ["## Held-out evaluation (same command before and after)", "", "| metric | value |", "|---|---|"]
         lines += [f"| {k} | {_fmt(summary[k])} |" for k in keys]
         lines += ["", f"Command: `{summary.get('eval_command', '')}`", ""]
+        blind = summary.get("blind_edit_baseline")
+        if blind and blind.get("edit"):
+            lines += [f"Blind baseline (never reads the code): the most common training fix `{blind['edit']}` "
+                      f"replayed on every held-out task fixes {blind['resolved_share']:.3f} of them.", ""]
     if rows:
         def tot(key: str) -> float:
             return float(sum(r.get(key, 0.0) or 0.0 for r in rows))
