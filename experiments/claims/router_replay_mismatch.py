@@ -17,6 +17,7 @@ CLAIM = Claim(
     direction="greater",
     command="python experiments/claims.py run router_replay_mismatch",
     scale="cheap", scale_note="about a minute on CPU",
+    run_scale=f"tiny preset MoE (random init), {SEEDS} seeds x 4 x 128 tokens",
 )
 
 
