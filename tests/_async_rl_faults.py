@@ -23,32 +23,45 @@ class EngineKilled(RuntimeError):
 
 
 class KillableRollout:
-    """A rollout `Service` whose chosen groups die mid-rollout: submission n in `kill_at` raises
-    `WorkerKilled` at its `kill_at[n]`-th lifecycle event (0..2G-1: the episode starts, then their
-    gradings), and the service reports itself dead until the driver's health check restarts it."""
+    """A rollout `Service` whose groups die mid-rollout: for each ``kill_at[n] = j``, the j-th lifecycle
+    event (an episode starting, or its grading starting) counted over the groups submitted from
+    submission n on raises `WorkerKilled` in that group's rollout (counting across groups, a kill
+    still fires when group n itself was lost to another fault first); the service then reports
+    itself dead until the driver's health check restarts it."""
 
     def __init__(self, svc: Any, kill_at: dict) -> None:
+        import threading
+
         self.svc, self.name, self.kill_at = svc, svc.name, {int(k): int(v) for k, v in kill_at.items()}
         self.submitted = self.kills = self.restarts = 0
         self.dead = False
         self.on_kill: Any = None  # called with a record of each kill (the driver logs it durably)
+        self._seen: dict = {}
+        self._fired: set = set()
+        self._lock = threading.Lock()
 
     def submit(self, method: str, task: Any, batch: int, on_state: Any = None) -> Any:
-        import itertools
-        import threading
-
         n, self.submitted = self.submitted, self.submitted + 1
-        if n in self.kill_at:
-            events, at, lock, inner = itertools.count(), self.kill_at[n], threading.Lock(), on_state
+        armed = [k for k in self.kill_at if k <= n]
+        if armed:
+            inner = on_state
 
             def on_state(t: Any, k: int, state: str) -> None:  # noqa: F811 - the dying wrapper
-                with lock:
-                    e = next(events)
-                if e == at:
+                fire = None
+                with self._lock:
+                    for key in armed:
+                        if key in self._fired:
+                            continue
+                        self._seen[key] = self._seen.get(key, 0) + 1
+                        if fire is None and self._seen[key] > self.kill_at[key]:
+                            self._fired.add(key)
+                            fire = key
+                if fire is not None:
                     self.dead, self.kills = True, self.kills + 1
+                    what = f"submission {n} ({state} of sample {k}; planned at submission {fire})"
                     if self.on_kill is not None:
-                        self.on_kill({"kind": "worker", "what": f"submission {n} event {e}"})
-                    raise WorkerKilled(f"rollout worker killed at event {e} of submission {n} ({state} of sample {k})")
+                        self.on_kill({"kind": "worker", "what": what})
+                    raise WorkerKilled(f"rollout worker killed: {what}")
                 if inner is not None:
                     inner(t, k, state)
         return self.svc.submit(method, task, batch, on_state)
