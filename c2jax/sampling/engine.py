@@ -527,7 +527,7 @@ class Engine:
         self.row_last_used[s] = self._tick
         self.stats["finished"] += 1
         events.append(self._event(seq, result=seq.result))
-        if seq.future is not None:
+        if seq.future is not None and not seq.future.done():  # a caller may have cancelled it
             seq.future.set_result(seq.result)
 
     def _finish_unstarted(self, seq: _Seq, events: list) -> None:
@@ -541,7 +541,7 @@ class Engine:
             text="" if self._byte_table is not None else None, finish_reason=seq.finish_reason, seed=seq.seed)
         self.stats["finished"] += 1
         events.append(self._event(seq, result=seq.result))
-        if seq.future is not None:
+        if seq.future is not None and not seq.future.done():  # a caller may have cancelled it
             seq.future.set_result(seq.result)
 
     def _prepare(self, params: dict) -> dict:

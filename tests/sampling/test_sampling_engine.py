@@ -191,6 +191,22 @@ def test_stream_submit_and_async(params):
         eng.shutdown()
 
 
+def test_cancelled_future_does_not_kill_the_engine_loop(params):
+    """A caller cancelling its future (asyncio cancelling `agenerate`) must not stop the scheduler
+    thread: before the fix, finishing that request raised InvalidStateError in the loop."""
+    eng = Engine(params, CFG, dataclasses.replace(ENGINE_CFG, max_slots=1))  # "next" runs after "gone"
+    rng = np.random.default_rng(6)
+    p0, p1 = random_prompts(rng, [9, 11])
+    eng.start()
+    try:
+        fut = eng.submit(Request(p0, _greedy(24), id="gone"))
+        assert fut.cancel()
+        res = eng.submit(Request(p1, _greedy(6), id="next")).result(timeout=60)
+        assert len(res.output_tokens) == 6 and eng._thread is not None and eng._thread.is_alive()
+    finally:
+        eng.shutdown()
+
+
 def test_config_section_validated_and_builds_engine(params):
     import ml_collections
     from c2jax.config import ConfigError, validate
