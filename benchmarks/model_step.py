@@ -74,6 +74,14 @@ ROWS = {  # name -> (side, description, computes the same as torch eager)
 VARIANTS = {
     "gather-autodiff": ("c2jax.model.moe_impls", "TILED_CUSTOM_VJP", False),  # before the tile custom VJP
     "ragged": ("c2jax.model.moe_impls", "DROPLESS_LOWERING", "ragged"),  # jax.lax.ragged_dot lowering
+    # Issue 15 profile A/B (same result; compare step times: MFU's numerator stays the default
+    # count, while these execute more padding rows / masked attention pairs than it counts).
+    # `python benchmarks/model_step.py --batch 2 --seq 512 --modes interleaved --rows
+    # jax-dropless,jax-dropless@tile-256,jax-dropless@causal-block-256,torch` on a contended machine
+    # (load ~13 on 2 cores): medians 13.8 s default, 14.6 s tile-256, 14.6 s causal-block-256 (mins
+    # 2.0 / 3.7 / 5.9 s): neither faster, so neither is the default; re-measure on an idle machine.
+    "tile-256": ("c2jax.model.moe_impls", "TILE_ROWS", 256),  # fewer, larger expert tiles
+    "causal-block-256": ("c2jax.model.mla", "CAUSAL_BLOCK", 256),  # fewer, larger attention blocks
 }
 
 

@@ -75,10 +75,15 @@ DROPLESS_LOWERING = "auto"
 _TILED_MAX_BYTES = 1 << 29  # gathered per-tile weights of one layer (all three matrices)
 
 
+# Rows per tile of the tiled dropless path (read at trace time; A/B row jax-dropless@tile-256 of
+# benchmarks/model_step.py): bigger tiles mean fewer, larger matmuls but more padding rows.
+TILE_ROWS = 128
+
+
 def _tile_rows(n_assign: int, n_experts: int) -> int:
-    """Rows per tile: 128, or less when experts get few assignments (multiple of 8)."""
+    """Rows per tile: TILE_ROWS, or less when experts get few assignments (multiple of 8)."""
     per = -(-n_assign // n_experts)
-    return int(min(128, max(8, -(-per // 8) * 8)))
+    return int(min(TILE_ROWS, max(8, -(-per // 8) * 8)))
 
 
 # A/B switch (read at trace time; benchmarks/model_step.py row jax-dropless@gather-autodiff):

@@ -73,6 +73,26 @@ def test_model_step_runs_fair_end_to_end():
     assert "== interleaved" in out and "== alone" in out and "FAILED" not in out
     assert out.count("n=5") == 6  # 3 rows x 2 modes, each a median of 5 with its spread
     assert "drops" in out and "by kind of work" in out and "matmul" in out
+    assert "time by component x work" in out and "MoE routed experts" in out and "attention scores+softmax" in out
+    assert "matmul GFLOP/s per component" in out
+
+
+@pytest.mark.slow  # torch.compile of the small model's fwd+bwd: ~3-5 min on 2 cores
+def test_torch_compile_row_is_always_in_the_tables():
+    """The torch-compile row prints in both timing modes: timed (after the gated compile probe) or
+    as 'not compiled: REASON' when the compiler is unavailable or too slow."""
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "model_step.py"), "--batch", "1", "--seq", "32",
+           "--rows", "torch,torch-compile", "--repeats", "5", "--compile-timeout", "900"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = re.findall(r"^torch-compile +(.*)$", r.stdout, re.M)
+    assert len(rows) == 2, r.stdout  # interleaved and alone tables
+    for row in rows:
+        assert row.startswith("not compiled: ") or re.match(r"[\d.]+s \[min .*n=5", row), row
+    if not rows[0].startswith("not compiled"):
+        assert re.search(r"^parity torch-compile .*\[compile \+ first step", r.stdout, re.M)
 
 
 def test_compile_probe_past_its_bound_gives_a_not_compiled_row(tmp_path, capsys):
