@@ -68,7 +68,7 @@ def sweep(policies: Mapping[str, Any], cfg: Any, tokenizer: Any, config: Any, rl
                 got = evaluate(params, cfg, tokenizer, config, sub_rl, tasks, os.path.join(out_dir, f"d{d}_{tag}"), seed)
                 res = got["results"]["overall"]
             out[d][tag] = {"pass@1": res.get("pass@1"), "ci95": res.get("pass@1_ci95"), "samples": res.get("samples"),
-                           "tasks": res.get("n"), "malformed_tool_call_rate": res.get("malformed_tool_call_rate")}
+                           "tasks": res.get("tasks"), "malformed_tool_call_rate": res.get("malformed_tool_call_rate")}
     return out
 
 
