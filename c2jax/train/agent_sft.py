@@ -21,6 +21,7 @@ memorises the training names and never copies an unseen one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
@@ -47,8 +48,9 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     synth_code_steps=0, synth_code_batch=16, synth_code_seq_len=256, synth_code_lr=3e-3,
     synth_code_drill_words="train", synth_code_drill_share=0.5,
     # The scripted expert's style: "read_replace" (read_file the module named in the statement, then
-    # search_replace the buggy line) or "shell_lines" (grep -n the module, sed the line by number:
-    # c2jax.envs.synth.toyfix_shell_demos; difficulty 1 only).
+    # search_replace the buggy line), "shell_lines" (grep -n the module, sed the line by number) or
+    # "shell_ops" (grep -nE the lines with a binary operator, sed the line by number); the shell styles
+    # are c2jax.envs.synth.toyfix_shell_demos, difficulties 0-1 only.
     demo_style="read_replace",
 )
 
@@ -77,7 +79,7 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     check.float_range(c, "clip_norm", 0.0, lo_open=True)
     check.choice(c, "split", ("demo", "train"))
     check.choice(c, "synth_code_drill_words", ("train", "all"))
-    check.choice(c, "demo_style", ("read_replace", "shell_lines"))
+    check.choice(c, "demo_style", ("read_replace", "shell_lines", "shell_ops"))
     check.float_range(c, "synth_code_drill_share", 0.0, 1.0)
 
 
@@ -99,10 +101,12 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
     if os.path.exists(path):
         return load_jsonl(path)
     tasks = load_split(fam, split)
-    if style == "shell_lines":
-        tasks = [t for t in tasks if toyfix_shell_demos.applies(t)]
+    shell = style in toyfix_shell_demos.STYLES
+    if shell:
+        tasks = [t for t in tasks if toyfix_shell_demos.applies(t, style)]
     tasks = tasks[:max_demos]
-    demo_messages = toyfix_shell_demos.shell_demo_messages if style == "shell_lines" else read_replace_messages
+    demo_messages = functools.partial(toyfix_shell_demos.shell_demo_messages, style=style) if shell \
+        else read_replace_messages
 
     async def one(task, sem):
         from c2jax.envs import start

@@ -68,6 +68,25 @@ def _norm_diff(patch: str) -> str:
     return "\n".join(keep)
 
 
+def _gold_diff_key(pristine: dict[str, str], broken: dict[str, str]) -> str:
+    """`_norm_diff(make_patch(broken, pristine))` computed in-process (difflib, no `git diff`
+    subprocess): the dedup key of `generate`. tests/envs/synth/test_toyfix.py checks it equals the
+    git-made key on generated candidates of every difficulty; the leakage report still checks the
+    real patches."""
+    import difflib
+
+    keep = []
+    for p in sorted(broken):
+        if broken[p] == pristine.get(p):
+            continue
+        for ln in difflib.unified_diff(broken[p].splitlines(), (pristine.get(p) or "").splitlines(), n=0,
+                                       lineterm=""):
+            if ln.startswith(("+++", "---")) or not ln.startswith(("+", "-")):
+                continue
+            keep.append(ln[0] + "".join(ln[1:].split()))
+    return "\n".join(keep)
+
+
 # ---- validation in a sandbox (batched) --------------------------------------------------------------
 
 RUNNER = r'''
@@ -273,13 +292,18 @@ def _code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def generate(stream: str, n: int, difficulty: int, seed: int, taken: set[str], start: int = 0,
+def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, str], start: int = 0,
              docstrings: bool = False) -> tuple[list[Candidate], int]:
-    """Up to `n` host-checked candidates of `stream` whose normalised gold diff is not in `taken`
-    (updated); returns (candidates, next attempt index)."""
-    from c2jax.envs.synth.patches import make_patch
+    """Up to `n` host-checked candidates of `stream` (updates `taken`: normalised gold diff -> stream
+    that took it); returns (candidates, next attempt index).
 
+    Train and eval candidates have pairwise distinct gold diffs, across and within the two streams.
+    Demo candidates never share a gold diff with train or eval, but may repeat one among themselves
+    when the programs differ (another function name, header or line): at difficulty 0 the distinct
+    one-line fixes of the train vocabulary run out at a few hundred, and a demonstration set of
+    thousands needs the same fix seen in many programs to teach reading rather than recall."""
     out: list[Candidate] = []
+    programs = {_cand_id(c) for c in out}
     i = start
     limit = start + 50 * max(n, 1) + 100
     while len(out) < n and i < limit:
@@ -287,11 +311,17 @@ def generate(stream: str, n: int, difficulty: int, seed: int, taken: set[str], s
         i += 1
         if c is None:
             continue
-        changed = [p for p in c.broken if c.broken[p] != c.pristine[p]]
-        key = _norm_diff(make_patch({p: c.broken[p] for p in changed}, {p: c.pristine[p] for p in changed}))
-        if key in taken:
+        key = _gold_diff_key(c.pristine, c.broken)
+        owner = taken.get(key)
+        if owner is not None and not (stream == "demo" and owner == "demo"):
             continue
-        taken.add(key)
+        if stream == "demo":
+            cid = _cand_id(c)
+            if cid in programs or cid in taken:
+                continue
+            programs.add(cid)
+            taken[cid] = "demo"  # the program itself, so a later round does not repeat it
+        taken[key] = stream
         out.append(c)
     return out, i
 
@@ -335,7 +365,7 @@ def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, diffic
                     "wall_s": round(time.monotonic() - t0, 3), "cached": True, "key": key}
         os.remove(done_path)
     want = {"eval": n_eval, "train": n_train, "demo": n_demo}
-    taken: set[str] = set()
+    taken: dict[str, str] = {}
     accepted: dict[str, list[Candidate]] = {s: [] for s in STREAMS}
     rejected: Counter = Counter()
     next_i = {s: 0 for s in STREAMS}

@@ -10,8 +10,16 @@ This style does the same work with what a tiny model can copy, digits and operat
     run_terminal_cmd  sed -n '5p' */[!_]*.py               check: show the edited line
     final message     Fixed line 5.
 
-The glob names the package's single non-dunder module, so it holds at difficulty 1 only (one module);
-`shell_demo_messages` refuses other tasks. The edit is the smallest span around the first difference
+The glob names the package's single non-dunder module, so it holds at difficulties 0 and 1 only (one
+module); `shell_demo_messages` refuses other tasks.
+
+Two styles differ in the explore step only:
+- `shell_lines` lists every line (`grep -n .`): the policy must find the buggy line among all of them
+  and copy its number from the middle of the listing (two hops: the operator, then its line's number).
+- `shell_ops` lists the lines holding a binary operator (`grep -nE` with `OPS_REGEX`): at difficulty 0
+  one or two lines, the buggy one always among them, its number at the start of its output line. The
+  policy still reads the code (the number and the operator come from the tool output only) but copies
+  from a short listing. Measured on the tiny CPU model: see README, "the task family's difficulty". The edit is the smallest span around the first difference
 between the buggy and the fixed line, widened to whole words until its first occurrence in the line is
 the one to change, so the sed substitution (first match on that line) reproduces the gold line exactly.
 
@@ -25,7 +33,12 @@ import re
 from collections import Counter
 from typing import Any, Sequence
 
-MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulty 1 (not __init__.py)
+MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulties 0-1 (not __init__.py)
+# A binary operator between spaces: arithmetic, comparison, augmented assignment (not `=` alone, not a
+# unary minus). GNU grep extended syntax, single-quoted in the command.
+OPS_REGEX = " ([-+*/%<>]|//|[-+*/<>=!]=) "
+STYLES = ("shell_lines", "shell_ops")
+_EXPLORE = {"shell_lines": f"grep -n . {MODULE_GLOB}", "shell_ops": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
 _BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
 _REPL_SPECIAL = re.compile(r"([\\&/])")
 
@@ -79,18 +92,28 @@ def sed_edit(old: str, new: str) -> str:
     return f"s/{_escape_pattern(pat)}/{_escape_replacement(rep)}/"
 
 
-def applies(task: Any) -> bool:
-    """Whether the shell style can demonstrate `task` (one module, one bug, a quote-free edit)."""
+def applies(task: Any, style: str = "shell_lines") -> bool:
+    """Whether `style` can demonstrate `task`: one module, one bug, a quote-free edit, and for
+    `shell_ops` a buggy line that the operator grep lists."""
+    if style not in STYLES:
+        raise ValueError(f"shell demo style must be one of {STYLES}, got {style!r}")
     bugs = task.provenance.get("bugs", [])
     repo = task.provenance.get("repo", {})
     modules = [p for p in repo if not p.rsplit("/", 1)[-1].startswith("_")]
     if len(bugs) != 1 or len(modules) != 1 or "line" not in _bug_line(task, bugs[0]):
+        return False
+    if style == "shell_ops" and not re.search(OPS_REGEX, bugs[0]["old"]):
         return False
     try:
         sed_edit(bugs[0]["old"], bugs[0]["new"])
     except ValueError:
         return False
     return True
+
+
+def operator_lines(source: str) -> list[int]:
+    """1-based numbers of the lines `grep -nE OPS_REGEX` lists (Python `re` agrees with GNU ERE here)."""
+    return [i + 1 for i, ln in enumerate(source.splitlines()) if re.search(OPS_REGEX, ln)]
 
 
 def _bug_line(task: Any, bug: dict) -> dict:
@@ -100,15 +123,16 @@ def _bug_line(task: Any, bug: dict) -> dict:
     return {"line": hits[0]} if len(hits) == 1 else {}
 
 
-def shell_demo_messages(task: Any) -> list:
+def shell_demo_messages(task: Any, style: str = "shell_lines") -> list:
     """Assistant turns of the shell-style expert episode on `task` (see the module docstring)."""
     from c2jax.data.chat_format import Message, ToolCall, make_call_id
 
-    if not applies(task):
-        raise ValueError(f"shell demos need one module with one bug and a quote-free edit: {task.instance_id}")
+    if not applies(task, style):
+        raise ValueError(f"{style} demos need one module with one bug and a quote-free edit"
+                         f"{' on a line with a binary operator' if style == 'shell_ops' else ''}: {task.instance_id}")
     bug = task.provenance["bugs"][0]
     n = _bug_line(task, bug)["line"]
-    cmds = [f"grep -n . {MODULE_GLOB}", f"sed -i '{n}{sed_edit(bug['old'], bug['new'])}' {MODULE_GLOB}",
+    cmds = [_EXPLORE[style], f"sed -i '{n}{sed_edit(bug['old'], bug['new'])}' {MODULE_GLOB}",
             f"sed -n '{n}p' {MODULE_GLOB}"]
     turns = [Message("assistant", "", [ToolCall(make_call_id("run_terminal_cmd", i), "run_terminal_cmd",
                                                 json.dumps({"command": c}))]) for i, c in enumerate(cmds)]

@@ -258,3 +258,32 @@ def test_demos_solve_tasks_through_the_harness(suite, tmp_path):
         seg = ep.trajectory.segments[0]
         total = len(seg.prompt_ids) + len(seg.completion_ids)
         assert total < (1500 if t.provenance["difficulty"] == 1 else 2600), total
+
+
+def test_in_process_dedup_key_equals_the_git_made_key():
+    """`generate` dedups on `_gold_diff_key` (difflib, in-process); it must equal the key the leakage
+    report computes from the real `git diff` patch, at every difficulty."""
+    from c2jax.envs.synth.patches import make_patch
+    from c2jax.envs.synth.toyfix import _gold_diff_key, _norm_diff
+
+    checked = 0
+    for d in (0, 1, 2, 3):
+        for c in _cands(d)[:12]:
+            changed = [p for p in c.broken if c.broken[p] != c.pristine[p]]
+            git_key = _norm_diff(make_patch({p: c.broken[p] for p in changed}, {p: c.pristine[p] for p in changed}))
+            assert _gold_diff_key(c.pristine, c.broken) == git_key and git_key
+            checked += 1
+    assert checked >= 40
+
+
+def test_demo_stream_may_repeat_a_fix_but_never_shares_one_with_train_or_eval():
+    taken: dict = {}
+    ev, _ = T.generate("eval", 30, 0, 0, taken)
+    tr, _ = T.generate("train", 60, 0, 0, taken)
+    de, _ = T.generate("demo", 900, 0, 0, taken)
+    key = lambda c: T._gold_diff_key(c.pristine, c.broken)  # noqa: E731
+    ev_k, tr_k, de_k = [key(c) for c in ev], [key(c) for c in tr], [key(c) for c in de]
+    assert len(set(ev_k)) == len(ev_k) and len(set(tr_k)) == len(tr_k)  # distinct within train / eval
+    assert not set(de_k) & (set(ev_k) | set(tr_k))
+    assert len(de) == 900 and len(set(de_k)) < len(de_k)  # at difficulty 0 the demo fixes repeat...
+    assert len({T._cand_id(c) for c in de}) == len(de)  # ...in distinct programs

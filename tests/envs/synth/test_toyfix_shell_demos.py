@@ -114,3 +114,40 @@ def test_blind_edit_baseline_is_a_floor_not_a_solution():
     top = base["edit"]
     same = [t for t in held if edit_key(t) and f"{edit_key(t)[0]}{edit_key(t)[1]}" == top]
     assert same and blind_edit_baseline(train, same)["resolved_share"] == 1.0
+
+
+def test_shell_ops_demos_list_the_buggy_line_and_fix_it_with_real_grep_and_sed(tmp_path):
+    """`shell_ops` explores with the operator grep: run for real on generated difficulty-0 tasks, it
+    lists the lines `operator_lines` predicts, the buggy line always among them (one or two lines),
+    and the demo's sed restores the pristine module."""
+    from c2jax.envs.synth.toyfix_shell_demos import OPS_REGEX, operator_lines
+
+    if shutil.which("grep") is None:
+        pytest.skip("needs GNU grep")
+    listed = []
+    for i, seed in enumerate(range(60)):
+        c = toyfix.make_candidate("demo", toyfix._seed(0, "demo", 0, seed), 0)
+        if c is None:
+            continue
+        task = type("T", (), {"instance_id": f"o{seed}", "provenance": {"bugs": c.bugs, "repo": c.broken}})()
+        if not applies(task, "shell_ops"):
+            continue
+        root = tmp_path / f"s{seed}"
+        for p, text in c.broken.items():
+            os.makedirs(root / os.path.dirname(p), exist_ok=True)
+            (root / p).write_text(text)
+        msgs = shell_demo_messages(task, style="shell_ops")
+        cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in msgs[:3]]
+        assert OPS_REGEX in cmds[0]
+        out = subprocess.run(cmds[0], shell=True, cwd=root, capture_output=True, text=True, check=True).stdout
+        got = [int(ln.split(":", 1)[0]) for ln in out.splitlines()]
+        path = c.bugs[0]["path"]
+        assert got == operator_lines(c.broken[path])
+        line = int(cmds[1].split("'")[1].split("s/")[0])
+        assert line in got and 1 <= len(got) <= 2
+        subprocess.run(cmds[1], shell=True, cwd=root, check=True)
+        assert {p: (root / p).read_text() for p in c.pristine} == c.pristine
+        listed.append(len(got))
+    assert len(listed) >= 30 and 1 in listed
+    with pytest.raises(ValueError):
+        applies(task, "no_such_style")
