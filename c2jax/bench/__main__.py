@@ -10,6 +10,7 @@
                               --out OUT                  # an agent checkpoint through the harness
     python -m c2jax.bench run --suite S --policy openai --base-url URL [--model NAME] --tokenizer T ...
     python -m c2jax.bench compare OUT_A OUT_B [--k 1,8]   # paired bootstrap pass@k(B) - pass@k(A)
+    python -m c2jax.bench pool A1 B1 A2 B2 [--k 1,8]      # the same, pooled over pairs (one per seed)
     python -m c2jax.bench envs --suite DIR|tasks.jsonl [--pypi-cache DIR]   # re-create missing envs
     python -m c2jax.bench convert swebench FILE.jsonl|FILE.json --repos DIR --out DIR
     python -m c2jax.bench convert harbor TASK_DIR [TASK_DIR ...] --out DIR
@@ -131,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-boot", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file (default: B/compare.json)")
+    p = sub.add_parser("pool", help="paired bootstrap pooled over (A, B) pairs on the same tasks (one per seed)")
+    p.add_argument("runs", nargs="+", help="A1 B1 [A2 B2 ...]: --out directories or results.json files")
+    p.add_argument("--k", default="1,8")
+    p.add_argument("--n-boot", type=int, default=10000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSON file to write (default: print only)")
     p = sub.add_parser("envs", help="check every task's environment; re-create the missing ones")
     p.add_argument("--suite", required=True)
     p.add_argument("--split", choices=("train", "eval"), default=None)
@@ -192,6 +199,24 @@ def main(argv: list[str] | None = None) -> int:
         with open(out, "w") as f:
             json.dump(cmp, f, indent=1)
         print(f"written: {out}")
+        return 0
+    if a.cmd == "pool":
+        from c2jax.bench.agent_eval import format_compare, pooled_compare_runs
+
+        if len(a.runs) % 2:
+            print(f"error: pool takes pairs A1 B1 [A2 B2 ...]; got {len(a.runs)} runs", file=sys.stderr)
+            return 2
+        try:
+            ks = [int(x) for x in a.k.split(",") if x.strip()]
+            cmp = pooled_compare_runs(list(zip(a.runs[::2], a.runs[1::2])), ks, n_boot=a.n_boot, seed=a.seed)
+        except (ValueError, OSError, KeyError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(format_compare(cmp))
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(cmp, f, indent=1)
+            print(f"written: {a.out}")
         return 0
     if a.cmd == "run" and a.policy in ("engine", "openai"):
         return _run_agent(a)

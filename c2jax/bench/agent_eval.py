@@ -363,12 +363,16 @@ def run_agent_suite(tasks: Sequence[TaskRecord], setup: AgentSetup, out_dir: str
 
 
 def load_rows(out_dir_or_file: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(per-task rows, summary) of a finished run: a run directory or its results.json."""
+    """(per-task rows, summary) of a finished run: a `bench run --out` directory or its results.json,
+    or an RL stage's evaluation directory (`runs/rl/rl/eval_before`: rows.json beside results.json)."""
     path = out_dir_or_file
     if os.path.isdir(path):
         path = os.path.join(path, "results.json")
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
+    if "tasks" not in data and os.path.exists(os.path.join(os.path.dirname(path), "rows.json")):
+        with open(os.path.join(os.path.dirname(path), "rows.json"), encoding="utf-8") as f:
+            return json.load(f), data.get("overall", {})
     return data["tasks"], data.get("summary", {})
 
 
@@ -393,8 +397,31 @@ def compare_runs(out_a: str, out_b: str, ks: Sequence[int] = (1, 8), n_boot: int
     return out
 
 
+def pooled_compare_runs(pairs: Sequence[tuple[str, str]], ks: Sequence[int] = (1, 8), n_boot: int = 10000,
+                        seed: int = 0, alpha: float = 0.05) -> dict[str, Any]:
+    """`compare_runs` pooled over (A, B) run pairs on the same tasks (one pair per training seed):
+    the per-task difference is averaged over the pairs and tasks are resampled
+    (`c2jax.bench.metrics.pooled_paired_bootstrap_diff`)."""
+    from c2jax.bench.metrics import pooled_paired_bootstrap_diff
+
+    loaded = [(load_rows(a)[0], load_rows(b)[0]) for a, b in pairs]
+    nmin = min(len(r["samples"]) for ra, rb in loaded for r in ra + rb) if loaded and all(ra and rb for ra, rb in loaded) else 0
+    out: dict[str, Any] = {"a": [a for a, _ in pairs], "b": [b for _, b in pairs], "pairs": len(pairs),
+                           "tasks": len(loaded[0][0]) if loaded else 0, "alpha": alpha, "diffs": {},
+                           "skipped_ks": [k for k in ks if k > nmin]}
+    for k in ks:
+        if k <= nmin:
+            d = pooled_paired_bootstrap_diff(loaded, k, n_boot=n_boot, seed=seed, alpha=alpha)
+            pa = sum(pass_at_k(len(r["samples"]), sum(s["resolved"] and not s["masked"] for s in r["samples"]), k)
+                     for ra, _ in loaded for r in ra) / sum(len(ra) for ra, _ in loaded)
+            d.update(a=pa, b=pa + d["mean"])
+            out["diffs"][f"pass@{k}"] = d
+    return out
+
+
 def format_compare(cmp: dict[str, Any]) -> str:
-    lines = [f"A = {cmp['a']}", f"B = {cmp['b']}", f"{cmp['tasks']} paired tasks; masked samples count as failures"]
+    pooled = f", pooled over {cmp['pairs']} (A, B) pairs" if "pairs" in cmp else ""
+    lines = [f"A = {cmp['a']}", f"B = {cmp['b']}", f"{cmp['tasks']} paired tasks{pooled}; masked samples count as failures"]
     for name, d in cmp["diffs"].items():
         lines.append(f"{name}: A {d['a']:.3f}  B {d['b']:.3f}  B-A {d['mean']:+.3f} "
                      f"[{d['lo']:+.3f}, {d['hi']:+.3f}] ({100 * (1 - cmp['alpha']):.0f}% paired bootstrap over tasks)")

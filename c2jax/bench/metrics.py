@@ -98,23 +98,39 @@ def paired_bootstrap_diff(per_task_a, per_task_b, k: int, n_boot: int = 10000, s
     Returns {"mean", "lo", "hi", "tasks", "k", "p_boot"}: mean = the observed difference; p_boot =
     the two-sided bootstrap fraction of replicates on the other side of 0 (a rough p-value).
     """
+    return pooled_paired_bootstrap_diff([(per_task_a, per_task_b)], k, n_boot=n_boot, seed=seed, alpha=alpha,
+                                        masked_as_failure=masked_as_failure)
+
+
+def pooled_paired_bootstrap_diff(pairs, k: int, n_boot: int = 10000, seed: int = 0, alpha: float = 0.05,
+                                 masked_as_failure: bool = True) -> dict:
+    """`paired_bootstrap_diff` pooled over several (A, B) pairs on the SAME tasks, e.g. one pair per
+    training seed (A: the policy before RL, B: after). The per-task difference is averaged over the
+    pairs, d_i = mean_s [pass@k_Bs(i) - pass@k_As(i)], and tasks are resampled: the CI covers task
+    sampling, the quantity that generalises to new tasks, with the seeds' variation averaged in.
+    One pair gives exactly `paired_bootstrap_diff`. Returns its keys plus "pairs"."""
     import numpy as np
 
-    a, b = _keyed(per_task_a), _keyed(per_task_b)
-    if set(a) != set(b):
-        only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
-        raise ValueError(f"the runs cover different tasks: only in A {only_a[:5]} ({len(only_a)}), "
-                         f"only in B {only_b[:5]} ({len(only_b)})")
-    if not a:
+    if not pairs:
+        raise ValueError("no (A, B) pairs")
+    keyed = [(_keyed(a), _keyed(b)) for a, b in pairs]
+    ids = sorted(keyed[0][0])
+    for n, (a, b) in enumerate(keyed):
+        for name, side in (("A", a), ("B", b)):
+            if set(side) != set(ids):
+                only_x, only_first = sorted(set(side) - set(ids)), sorted(set(ids) - set(side))
+                raise ValueError(f"the runs cover different tasks: pair {n} {name} has {only_x[:5]} "
+                                 f"({len(only_x)}) not in pair 0 A, and lacks {only_first[:5]} ({len(only_first)})")
+    if not ids:
         raise ValueError("no tasks")
-    ids = sorted(a)
-    d = []
-    for i in ids:
-        (na, ca), (nb, cb) = _task_nc(a[i], masked_as_failure), _task_nc(b[i], masked_as_failure)
-        if na < k or nb < k:
-            raise ValueError(f"task {i!r}: pass@{k} needs >= {k} samples per run (A has {na}, B has {nb})")
-        d.append(pass_at_k(nb, cb, k) - pass_at_k(na, ca, k))
-    d_arr = np.asarray(d, np.float64)
+    d = np.zeros(len(ids), np.float64)
+    for a, b in keyed:
+        for t, i in enumerate(ids):
+            (na, ca), (nb, cb) = _task_nc(a[i], masked_as_failure), _task_nc(b[i], masked_as_failure)
+            if na < k or nb < k:
+                raise ValueError(f"task {i!r}: pass@{k} needs >= {k} samples per run (A has {na}, B has {nb})")
+            d[t] += pass_at_k(nb, cb, k) - pass_at_k(na, ca, k)
+    d_arr = d / len(keyed)
     n = len(d_arr)
     mean = float(d_arr.mean())
     rng = np.random.default_rng(seed)
@@ -129,4 +145,5 @@ def paired_bootstrap_diff(per_task_a, per_task_b, k: int, n_boot: int = 10000, s
     if d_arr.min() == d_arr.max():  # a constant difference: every replicate is exactly it
         lo = hi = mean = float(d_arr[0])
     p = 2 * min(float((boots <= 0).mean()), float((boots >= 0).mean()))
-    return {"mean": mean, "lo": lo, "hi": hi, "tasks": n, "k": k, "p_boot": min(1.0, p)}
+    out = {"mean": mean, "lo": lo, "hi": hi, "tasks": n, "k": k, "p_boot": min(1.0, p)}
+    return out if len(keyed) == 1 else dict(out, pairs=len(keyed))

@@ -81,6 +81,13 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     check.choice(c, "synth_code_drill_words", ("train", "all"))
     check.choice(c, "demo_style", ("read_replace", "shell_lines", "shell_ops"))
     check.float_range(c, "synth_code_drill_share", 0.0, 1.0)
+    # the expert's tools must be enabled in the harness (else every demonstration fails mid-episode)
+    need = {"read_replace": {"read_file", "search_replace"}}.get(c["demo_style"], {"run_terminal_cmd"})
+    agent = dict(to_plain(full.get("agent") if full is not None else None) or {})
+    enabled = (agent.get("tools") or {}).get("enabled")
+    if enabled is not None and not need <= set(enabled):
+        check.error("demo_style", f"{c['demo_style']!r} demonstrations call {sorted(need)}; "
+                                  f"agent.tools.enabled is {list(enabled)}")
 
 
 def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_demos: int,

@@ -156,6 +156,51 @@ def test_paired_bootstrap_coverage_and_pairing():
     assert np.mean(widths) < 2 * (hi_a - lo_a)
 
 
+def test_pooled_paired_bootstrap_one_pair_equals_paired_and_brute_force_over_pairs(tmp_path):
+    """One pair is exactly `paired_bootstrap_diff`; two pairs average the per-task differences before
+    resampling tasks (checked against all 27 resamples of 3 tasks); mismatched task sets fail; the CLI
+    `python -m c2jax.bench pool` prints the pooled difference from two --out directories per seed."""
+    import json
+    import subprocess
+    import sys
+
+    from c2jax.bench.metrics import pooled_paired_bootstrap_diff
+
+    rng = random.Random(1)
+    a = {f"t{i}": [rng.random() < 0.4 for _ in range(4)] for i in range(20)}
+    b = {f"t{i}": [rng.random() < 0.6 for _ in range(4)] for i in range(20)}
+    one = pooled_paired_bootstrap_diff([(_rows(a), _rows(b))], k=1, n_boot=3000, seed=3)
+    assert one == paired_bootstrap_diff(_rows(a), _rows(b), k=1, n_boot=3000, seed=3)
+    a3 = {"x": [False, False], "y": [True, False], "z": [True, True]}
+    b3 = {"x": [True, True], "y": [True, False], "z": [False, True]}  # per-task d: 1, 0, -0.5
+    c3 = {"x": [False, False], "y": [True, True], "z": [True, True]}  # vs a3: 0, 0.5, 0
+    di = [(1.0 + 0.0) / 2, (0.0 + 0.5) / 2, (-0.5 + 0.0) / 2]
+    means = sorted(sum(di[i] for i in idx) / 3 for idx in np.ndindex(3, 3, 3))
+    d = pooled_paired_bootstrap_diff([(_rows(a3), _rows(b3)), (_rows(a3), _rows(c3))], k=1, n_boot=20000, seed=1,
+                                     alpha=0.5)
+    assert d["pairs"] == 2 and d["mean"] == pytest.approx(np.mean(di))
+    assert d["lo"] == pytest.approx(np.quantile(means, 0.25, method="inverted_cdf"))
+    assert d["hi"] == pytest.approx(np.quantile(means, 0.75, method="inverted_cdf"))
+    with pytest.raises(ValueError, match="different tasks"):
+        pooled_paired_bootstrap_diff([(_rows(a3), _rows(b3)), (_rows({"x": [True]}), _rows({"x": [True]}))], k=1)
+    runs = []
+    for name, o in (("a", a3), ("b", b3), ("a2", a3), ("c", c3)):
+        (tmp_path / name).mkdir()
+        if name.startswith("a"):  # a `bench run --out` directory
+            (tmp_path / name / "results.json").write_text(json.dumps({"tasks": _rows(o), "summary": {}}))
+        else:  # an RL stage's evaluation directory
+            (tmp_path / name / "results.json").write_text(json.dumps({"overall": {}}))
+            (tmp_path / name / "rows.json").write_text(json.dumps(_rows(o)))
+        runs.append(str(tmp_path / name))
+    r = subprocess.run([sys.executable, "-m", "c2jax.bench", "pool", *runs, "--k", "1", "--out",
+                        str(tmp_path / "pool.json")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads((tmp_path / "pool.json").read_text())["diffs"]["pass@1"]
+    assert got["mean"] == pytest.approx(np.mean(di)) and "pooled over 2" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "c2jax.bench", "pool", *runs[:3]], capture_output=True, text=True)
+    assert bad.returncode == 2 and "pairs" in bad.stderr
+
+
 # ---- agent evaluation through the harness -------------------------------------------------------------
 
 def _fake_grade(task, diff):
