@@ -130,3 +130,18 @@ def test_task_stream_upsamples_the_harder_bucket_after_the_switch():
     picked = s.take(8, 1)
     share_b = sum(t.metadata["bucket"] == "b" for t in picked) / len(picked)
     assert share_b >= 0.75  # the hard bucket dominates once upsampling starts (0.5 without)
+
+
+def test_a_demo_style_whose_tools_are_not_enabled_fails_before_compute():
+    """The default shell demonstrations need the terminal tool; the read_replace expert needs
+    read_file and search_replace, which the quickstart does not declare: validation names the key."""
+    from c2jax.config import ConfigError, validate
+
+    cfg = _module().get_config("default")
+    assert list(cfg.agent.tools.enabled) == ["run_terminal_cmd"] and cfg.agent_sft.demo_style == "shell_ops"
+    validate(cfg, warn=False)
+    cfg.agent_sft.demo_style = "read_replace"
+    with pytest.raises(ConfigError, match="demo_style"):
+        validate(cfg, warn=False)
+    cfg.agent.tools.enabled = ["read_file", "search_replace", "run_terminal_cmd"]
+    validate(cfg, warn=False)
