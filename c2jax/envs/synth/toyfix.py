@@ -303,7 +303,6 @@ def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, s
     one-line fixes of the train vocabulary run out at a few hundred, and a demonstration set of
     thousands needs the same fix seen in many programs to teach reading rather than recall."""
     out: list[Candidate] = []
-    programs = {_cand_id(c) for c in out}
     i = start
     limit = start + 50 * max(n, 1) + 100
     while len(out) < n and i < limit:
@@ -316,11 +315,10 @@ def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, s
         if owner is not None and not (stream == "demo" and owner == "demo"):
             continue
         if stream == "demo":
-            cid = _cand_id(c)
-            if cid in programs or cid in taken:
+            cid = _cand_id(c)  # "toyfix.d..." never collides with a diff key (lines start with + or -)
+            if cid in taken:
                 continue
-            programs.add(cid)
-            taken[cid] = "demo"  # the program itself, so a later round does not repeat it
+            taken[cid] = "demo"  # the program itself, so no round repeats it
         taken[key] = stream
         out.append(c)
     return out, i
