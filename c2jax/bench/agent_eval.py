@@ -379,22 +379,10 @@ def load_rows(out_dir_or_file: str) -> tuple[list[dict[str, Any]], dict[str, Any
 def compare_runs(out_a: str, out_b: str, ks: Sequence[int] = (1, 8), n_boot: int = 10000, seed: int = 0,
                  alpha: float = 0.05) -> dict[str, Any]:
     """Paired bootstrap pass@k(B) - pass@k(A) per k (tasks matched by instance_id); ks larger than
-    either run's smallest sample count are skipped."""
-    from c2jax.bench.metrics import paired_bootstrap_diff
-
-    rows_a, _ = load_rows(out_a)
-    rows_b, _ = load_rows(out_b)
-    nmin = min(len(r["samples"]) for r in rows_a + rows_b) if rows_a and rows_b else 0
-    out: dict[str, Any] = {"a": out_a, "b": out_b, "tasks": len(rows_a), "alpha": alpha, "diffs": {},
-                           "skipped_ks": [k for k in ks if k > nmin]}
-    for k in ks:
-        if k <= nmin:
-            d = paired_bootstrap_diff(rows_a, rows_b, k, n_boot=n_boot, seed=seed, alpha=alpha)
-            pa = sum(pass_at_k(len(r["samples"]), sum(s["resolved"] and not s["masked"] for s in r["samples"]), k)
-                     for r in rows_a) / len(rows_a)
-            d.update(a=pa, b=pa + d["mean"])
-            out["diffs"][f"pass@{k}"] = d
-    return out
+    either run's smallest sample count are skipped. (`pooled_compare_runs` with one pair.)"""
+    out = pooled_compare_runs([(out_a, out_b)], ks, n_boot=n_boot, seed=seed, alpha=alpha)
+    del out["pairs"]
+    return dict(out, a=out_a, b=out_b)
 
 
 def pooled_compare_runs(pairs: Sequence[tuple[str, str]], ks: Sequence[int] = (1, 8), n_boot: int = 10000,
