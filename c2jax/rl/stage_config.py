@@ -22,7 +22,9 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     max_staleness=0,  # policy versions a sample may lag the learner at its update (0 = on-policy)
     learning_rate=1e-5,  # constant (after `warmup_steps`); full-parameter Adam
     warmup_steps=0,
-    optimizer=dict(b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=1.0),
+    # Full-parameter optimizer: "adamw", or "muon" (Newton-Schulz on matrices, AdamW elsewhere; b1/b2/eps
+    # are its AdamW part) as in c2jax.train.optim.
+    optimizer=dict(name="adamw", b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=1.0),
     router_replay=True,  # learner forward replays the sampler's routed experts
     replay_margin=None,  # plausibility filter: None = replay as recorded; delta >= 0 = replace implausible
     learner_moe_impl="dropless",  # learner MoE implementation (never 'capacity': it drops tokens)
@@ -56,6 +58,7 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
 )
 
 REFERENCES = ("init", "none")
+RL_OPTIMIZERS = ("adamw", "muon")
 SERVICE_BACKENDS = ("local", "ray")
 
 
@@ -137,6 +140,8 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
         check.error("init_from", f"must be 'previous', 'scratch' or 'ckpt:PATH', got {init!r}")
     opt = dict(c["optimizer"])
     _sub(check, "optimizer", opt, d["optimizer"])
+    if opt.get("name") not in RL_OPTIMIZERS:
+        check.error("optimizer.name", f"must be one of {list(RL_OPTIMIZERS)}, got {opt.get('name')!r}")
     for k in ("b1", "b2"):
         _float(check, f"optimizer.{k}", opt.get(k), 0.0, hi=0.999999)
     _float(check, "optimizer.eps", opt.get("eps"), 0.0, lo_open=True)

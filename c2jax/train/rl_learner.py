@@ -10,7 +10,7 @@ and, with ``rl.router_replay``, the routes the sampler recorded (``batch['routes
 plausibility filter ``rl.replay_margin`` goes into the model config's ``moe.replay_margin``.
 `update` is `jax.jit`-compiled once per padded batch shape; its loss is exactly
 `c2jax.rl.loss.make_rl_loss(rl_cfg)` on those logprobs, its optimizer full-parameter Adam(W) from
-`c2jax.train.optim.make_optimizer` (router correction biases frozen, as in pretraining).
+`c2jax.train.optim.make_optimizer` (``rl.optimizer.name``: adamw | muon) (router correction biases frozen, as in pretraining).
 """
 from __future__ import annotations
 
@@ -51,13 +51,13 @@ class Learner:
 
 
 def make_optimizer_for(params: Any, cfg: Any, rl: Mapping[str, Any]) -> optax.GradientTransformation:
-    from c2jax.model.params_spec import trainable_mask
+    from c2jax.model.params_spec import logical_axes, trainable_mask
     from c2jax.train import optim
 
     sched = optim.make_schedule({"name": "constant", "peak_lr": float(rl["learning_rate"]),
                                  "warmup_steps": int(rl["warmup_steps"])}, int(rl["steps"]))
-    opt = dict(rl["optimizer"], name="adamw")
-    return optim.make_optimizer(opt, sched, params, trainable=trainable_mask(cfg))
+    opt = {"name": "adamw", **dict(rl["optimizer"])}
+    return optim.make_optimizer(opt, sched, params, trainable=trainable_mask(cfg), axes=logical_axes(cfg))
 
 
 def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:

@@ -28,6 +28,7 @@ Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is writt
 of them can be overridden: ``--config.rl.group_size=4``, ``--config.rl.rewards.length.q=0.5``, ...
 """
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from c2jax.agent.config import agent_config_dict
 from c2jax.data import presets as data_presets
@@ -56,15 +57,16 @@ def _cpt(steps: int, batch_size: int, seq_len: int, peak_lr: float) -> dict:
 
 
 def _rl(**over) -> dict:
-    """Every RL key, written out (loss + stage)."""
+    """Every RL key, written out (loss + stage). A key whose default is None is a typed `placeholder`, so
+    it can still be set from the command line (`--config.rl.weight_sync.wire_dtype=bfloat16`)."""
     rl = dict(
         # --- the loss (c2jax.rl.loss) ---
         group_size=8,
         behaviour_logprobs="sampling",
         overlong_mask=False,
         advantage=dict(name="grpo", std_normalize=False, scale=1.0),
-        objective=dict(name="pg", tis_cap=None),
-        aggregation=dict(name="constant", constant=None),
+        objective=dict(name="pg", tis_cap=placeholder(float)),
+        aggregation=dict(name="constant", constant=placeholder(float)),
         kl=dict(coef=0.0, estimator="k1", placement="reward", log_ratio_clip=20.0),
         rewards=dict(
             task=dict(weight=1.0),
@@ -79,9 +81,9 @@ def _rl(**over) -> dict:
         max_staleness=0,
         learning_rate=3e-4,
         warmup_steps=0,
-        optimizer=dict(b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0, clip_norm=1.0),
+        optimizer=dict(name="adamw", b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0, clip_norm=1.0),
         router_replay=True,
-        replay_margin=None,
+        replay_margin=placeholder(float),
         learner_moe_impl="dropless",
         temperature=1.0,
         top_p=1.0,
@@ -94,12 +96,13 @@ def _rl(**over) -> dict:
         log_every=1,
         replay_metrics=True,
         curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
-        tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=64, n_demo=4096, seed=0, docstrings=False),
-        eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=64, max_in_flight=32, difficulties=(0, 1, 2, 3),
+        tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=128, n_demo=4096, seed=0, docstrings=False),
+        eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=128, max_in_flight=32, difficulties=(0, 1, 2, 3),
                   difficulty_n_tasks=16, difficulty_k=4),
-        services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
+        services=dict(enabled=False, backend="local", ray_address=placeholder(str), inflight_updates=True, max_retries=2,
                       eval_every=0, health_check_s=5.0),
-        weight_sync=dict(mode="direct", full_every=10, dir=None, wire_dtype=None, keep_full=2, level=3),
+                weight_sync=dict(mode="direct", full_every=10, dir=placeholder(str), wire_dtype=placeholder(str), keep_full=2,
+                         level=3),
     )
     for k, v in over.items():
         if isinstance(v, dict) and isinstance(rl.get(k), dict) and k != "rewards":

@@ -47,6 +47,43 @@ def test_rl_quickstart_writes_every_rl_default(preset):
     validate(cfg, warn=False)
 
 
+def _leaf_types(cd, prefix=""):
+    """(path, declared type) of every leaf of a ConfigDict (the type a command-line override parses to)."""
+    import ml_collections
+
+    for k in cd.keys():
+        v = cd[k]
+        if isinstance(v, ml_collections.ConfigDict):
+            yield from _leaf_types(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", cd.get_type(k)
+
+
+def test_every_rl_key_can_be_overridden_from_the_command_line():
+    """A key whose default is None must be a typed placeholder: absl cannot override a NoneType field."""
+    cfg = _module().get_config("default")
+    untyped = [p for p, t in _leaf_types(cfg.rl) if t is type(None)]
+    assert not untyped, f"rl keys that --config.rl.KEY=... cannot set: {untyped}"
+    assert cfg.rl.weight_sync.wire_dtype is None and cfg.rl.to_dict()["objective"]["tis_cap"] is None
+
+
+def test_run_py_takes_an_override_of_a_none_default_and_a_muon_optimizer(tmp_path):
+    """The override reaches the validator (here failing on another key, so nothing runs)."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"), f"--config={CONFIG}:smoke",
+                        f"--workdir={tmp_path / 'w'}", "--config.rl.weight_sync.wire_dtype=bfloat16",
+                        "--config.rl.objective.tis_cap=2.0", "--config.rl.optimizer.name=muon",
+                        "--config.rl.weight_sync.mode=bogus"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "rl.weight_sync" in r.stderr and "wire_dtype" not in r.stderr.split("invalid config")[-1]
+    assert "rl.optimizer.name" not in r.stderr and "tis_cap" not in r.stderr
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "run.py"), f"--config={CONFIG}:smoke",
+                        f"--workdir={tmp_path / 'w'}", "--config.rl.optimizer.name=sgd"],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 2 and "rl.optimizer.name: must be one of ['adamw', 'muon']" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "w").exists()
+
+
 def test_presets_change_what_they_say():
     m = _module()
     assert m.get_config("std_norm").rl.advantage.std_normalize is True
