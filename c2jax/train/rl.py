@@ -22,7 +22,6 @@ Outputs under ``workdir/rl/``: ``train.jsonl`` + ``tb/`` (every metric each step
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -31,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from c2jax.atomic import atomic_write_json
 from c2jax.config import ConfigError, to_plain
 from c2jax.train.stages import STAGES
 from c2jax.train.rl_eval import evaluate  # noqa: F401  (re-exported: sft_matched, the CLI)
@@ -248,8 +248,7 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     summary["time"] = timings
     summary["stage_wall_time_s"] = time.time() - t_stage
     write_report(out_dir, summary, os.path.join(out_dir, "train.jsonl"))
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True, default=str)
+    atomic_write_json(os.path.join(out_dir, "summary.json"), summary, indent=2, sort_keys=True, default=str)
     return dict(prev, checkpoint_dir=os.path.join(out_dir, "checkpoints")), summary
 
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from c2jax.atomic import atomic_write_json
 from c2jax.config import ConfigError
 from c2jax.workflow import backends, results
 from c2jax.workflow.configs import OverrideError, check_config, config_path, repo_root
@@ -121,12 +122,7 @@ def plan_sweep(config: str, workdir: str, grid: Sequence[str] = (), random: Sequ
 
 
 def _atomic_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_json(path, obj, fsync=True, indent=1, default=str)
 
 
 @dataclass
