@@ -38,11 +38,12 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join("experiments", "configs", "rl_quickstart.py")
+CONFIG = os.path.join("experiments", "configs", "rl_quickstart.py")  # default preset; --config for another
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=CONFIG, help="config[:preset] whose RL stage runs (':smoke' for a quick check)")
     ap.add_argument("--optimizers", default="adamw,muon")
     ap.add_argument("--lrs", default="1e-4,3e-4", help="rl.learning_rate values (the quickstart's default is 3e-4)")
     ap.add_argument("--steps", type=int, default=4, help="RL steps per study cell")
@@ -50,12 +51,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--workdir", default=os.path.join("runs", "bench", "weight_deltas_rl"))
     ap.add_argument("--extra", action="append", default=[], help="extra --config.KEY=VALUE for every run")
     ap.add_argument("--out", default=os.path.join("runs", "bench", "weight_deltas_rl.json"))
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    bad = [o for o in args.optimizers.split(",") if o not in ("adamw", "muon")]
+    if bad:
+        ap.error(f"--optimizers: unknown {bad}; known: adamw, muon")
+    try:
+        lrs = [float(x) for x in args.lrs.split(",")]
+    except ValueError:
+        ap.error(f"--lrs must be comma-separated numbers, got {args.lrs!r}")
+    if any(not lr > 0 for lr in lrs):
+        ap.error(f"--lrs must be positive, got {args.lrs!r}")
+    if args.steps < 0 or args.ab_steps < 0 or args.ab_steps == 1:
+        ap.error("--steps must be >= 0 and --ab-steps 0 or >= 2 (the first step of each arm compiles)")
+    return args
 
 
-def run_rl(workdir: str, overrides: list[str]) -> list[dict[str, Any]]:
+def run_rl(config: str, workdir: str, overrides: list[str]) -> list[dict[str, Any]]:
     """Run the RL stage once (build stages from the cache); return its per-step metrics rows."""
-    cmd = [sys.executable, os.path.join("experiments", "run.py"), "--config", CONFIG, "--workdir", workdir,
+    cmd = [sys.executable, os.path.join("experiments", "run.py"), "--config", config, "--workdir", workdir,
            "--config.rl.eval.enabled=False", *overrides]
     print("$", " ".join(cmd), flush=True)
     log = os.path.join(workdir + ".log")
@@ -79,7 +92,7 @@ def study(args: argparse.Namespace) -> list[dict[str, Any]]:
     for opt in args.optimizers.split(","):
         for lr in args.lrs.split(","):
             wd = os.path.join(args.workdir, f"{opt}_lr{lr}")
-            rows = run_rl(wd, [f"--config.rl.optimizer.name={opt}", f"--config.rl.learning_rate={lr}",
+            rows = run_rl(args.config, wd, [f"--config.rl.optimizer.name={opt}", f"--config.rl.learning_rate={lr}",
                                f"--config.rl.steps={args.steps}", "--config.rl.weight_sync.mode=delta",
                                "--config.rl.weight_sync.wire_dtype=bfloat16",
                                f"--config.rl.weight_sync.full_every={args.steps + 10}", *args.extra])
@@ -101,7 +114,7 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
     arms = {}
     for name, mode in (("off", "direct"), ("on", "delta")):
         wd = os.path.join(args.workdir, f"ab_{name}")
-        arms[name] = run_rl(wd, [f"--config.rl.steps={args.ab_steps}", f"--config.rl.weight_sync.mode={mode}",
+        arms[name] = run_rl(args.config, wd, [f"--config.rl.steps={args.ab_steps}", f"--config.rl.weight_sync.mode={mode}",
                                  *args.extra])
     same = all(a.get(k) == b.get(k) for a, b in zip(arms["off"], arms["on"])
                for k in ("reward/total", "tokens/policy")) and len(arms["off"]) == len(arms["on"])
@@ -119,7 +132,7 @@ def ab(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
     t0 = time.time()
     result: dict[str, Any] = dict(args=vars(args), study=study(args) if args.steps > 0 else [])
@@ -130,6 +143,7 @@ def main(argv=None) -> None:
     with open(os.path.join(ROOT, args.out), "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out} ({result['wall_s']:.0f} s)")
+    return result
 
 
 if __name__ == "__main__":
