@@ -60,6 +60,20 @@ def resolve_weight_sync(raw: Optional[Mapping[str, Any]]) -> dict:
     return out
 
 
+def engine_params(params: Any, cfg: Optional[Mapping[str, Any]]) -> Any:
+    """The weights an engine fed by this sync must start from: with ``mode='delta'`` and a
+    ``wire_dtype``, every floating leaf cast to that dtype (a bf16 sampler beside f32 masters, as in
+    production; the engine checks that later updates keep its dtypes); otherwise `params` unchanged."""
+    c = resolve_weight_sync(cfg)
+    if c["mode"] != "delta" or c["wire_dtype"] is None:
+        return params
+    import jax
+    import jax.numpy as jnp
+
+    dt = jnp.dtype(c["wire_dtype"])
+    return jax.tree_util.tree_map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
 class WeightSync:
     """See the module docstring."""
 

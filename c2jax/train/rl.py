@@ -152,18 +152,20 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
         stream.load_state(loader_state["stream"])
         version, engine_version = int(loader_state["version"]), int(loader_state["engine_version"])
         log.info("rl: resumed at step %d (version %d, engine version %d)", start, version, engine_version)
-    engine = Engine(engine_params, cfg, EngineConfig(max_slots=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
-                                                     recompute_cache_on_update=True), tokenizer=tokenizer,
-                    version=engine_version)
-    harness, fmt = make_harness(config, tokenizer)
-    policy = EnginePolicy(engine, fmt, temperature=float(rl["temperature"]), top_p=float(rl["top_p"]), seed=seed)
-    pool = make_pool(config.get("envs"), max_concurrency=int(rl["max_in_flight"]))  # envs.backend picks it
-    ref = jax.tree_util.tree_map(jax.numpy.asarray, params0) if rl["reference"] == "init" else None
     from c2jax.sync import WeightSync
+    from c2jax.sync.engine_sync import engine_params as engine_params_for
 
     wcfg = dict(rl["weight_sync"])
     if wcfg["mode"] == "delta" and wcfg["dir"] is None:
         wcfg["dir"] = os.path.join(out_dir, "weights")
+    # a delta sync with a wire dtype feeds a sampler holding that dtype (bf16 beside f32 masters)
+    engine = Engine(engine_params_for(engine_params, wcfg), cfg,
+                    EngineConfig(max_slots=int(rl["max_in_flight"]), max_len=int(rl["max_len"]),
+                                 recompute_cache_on_update=True), tokenizer=tokenizer, version=engine_version)
+    harness, fmt = make_harness(config, tokenizer)
+    policy = EnginePolicy(engine, fmt, temperature=float(rl["temperature"]), top_p=float(rl["top_p"]), seed=seed)
+    pool = make_pool(config.get("envs"), max_concurrency=int(rl["max_in_flight"]))  # envs.backend picks it
+    ref = jax.tree_util.tree_map(jax.numpy.asarray, params0) if rl["reference"] == "init" else None
     weight_sync = WeightSync(engine, wcfg) if wcfg["mode"] == "delta" else None
     ctx = RLContext(rl=rl, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
                     ref_params=ref, seed=seed, weight_sync=weight_sync)

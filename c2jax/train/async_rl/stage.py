@@ -48,7 +48,9 @@ def run_services(ctx: RLContext, state: Any, *, stream: Any, ckpt: Any, logger: 
     G = int(rl["group_size"])
     engine = None
     if sv["backend"] == "local":  # the engine lives in this process: supervise it (see module docstring)
-        engine = SupervisedEngine(ctx.engine, params=state.params, version=version,
+        from c2jax.sync.engine_sync import engine_params as engine_params_for
+
+        engine = SupervisedEngine(ctx.engine, params=engine_params_for(state.params, rl["weight_sync"]), version=version,
                                   tokenizer=getattr(ctx.harness.fmt, "tok", None))
         ctx.policy.engine = engine
         if ctx.weight_sync is not None:
