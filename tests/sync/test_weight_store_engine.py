@@ -40,3 +40,34 @@ def test_delta_weight_sync_reaches_the_engine_bit_exact():
     after = _greedy(eng, prompts)
     assert eng.version == 5 and after == reference
     sync.close()
+
+
+def test_a_bf16_wire_needs_a_bf16_engine_and_engine_params_gives_it():
+    """``wire_dtype='bfloat16'``: the rebuilt bf16 weights are refused by an engine holding f32 (the
+    control: what the RL stage did before), and accepted by one built from `engine_params`."""
+    import jax
+    import jax.numpy as jnp
+
+    from c2jax.sync.engine_sync import engine_params
+
+    params = tiny_params(0, 4.0)
+    cfg = {"mode": "delta", "full_every": 4, "wire_dtype": "bfloat16"}
+    cast = engine_params(params, cfg)
+    dts = {x.dtype for x in jax.tree_util.tree_leaves(cast) if jnp.issubdtype(x.dtype, jnp.floating)}
+    assert dts == {jnp.dtype("bfloat16")}
+    assert engine_params(params, {"mode": "direct", "wire_dtype": "bfloat16"}) is params
+    assert engine_params(params, {"mode": "delta"}) is params
+
+    f32_engine = Engine(params, CFG, ENGINE_CFG, version=0)
+    sync = WeightSync(f32_engine, cfg)
+    sync.publish(params, 1)
+    with pytest.raises(ValueError, match="does not match the engine's model"):
+        sync.wait()
+    sync.close()
+
+    eng = Engine(cast, CFG, ENGINE_CFG, version=0)
+    sync = WeightSync(eng, cfg)
+    sync.publish(params, 1)
+    sync.publish(jax.tree_util.tree_map(lambda x: x * 1.01 if jnp.issubdtype(x.dtype, jnp.floating) else x, params), 2)
+    assert sync.wait() == 2
+    sync.close()
