@@ -79,7 +79,7 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     check.float_range(c, "clip_norm", 0.0, lo_open=True)
     check.choice(c, "split", ("demo", "train"))
     check.choice(c, "synth_code_drill_words", ("train", "all"))
-    check.choice(c, "demo_style", ("read_replace", "shell_lines", "shell_ops"))
+    check.choice(c, "demo_style", ("read_replace", "shell_lines", "shell_ops", "shell_locate"))
     check.float_range(c, "synth_code_drill_share", 0.0, 1.0)
     # the expert's tools must be enabled in the harness (else every demonstration fails mid-episode)
     need = {"read_replace": {"read_file", "search_replace"}}.get(c["demo_style"], {"run_terminal_cmd"})

@@ -13,13 +13,22 @@ This style does the same work with what a tiny model can copy, digits and operat
 The glob names the package's single non-dunder module, so it holds at difficulties 0 and 1 only (one
 module); `shell_demo_messages` refuses other tasks.
 
-Two styles differ in the explore step only:
+Three styles differ in the explore / locate steps only:
 - `shell_lines` lists every line (`grep -n .`): the policy must find the buggy line among all of them
   and copy its number from the middle of the listing (two hops: the operator, then its line's number).
 - `shell_ops` lists the lines holding a binary operator (`grep -nE` with `OPS_REGEX`): at difficulty 0
   one or two lines, the buggy one always among them, its number at the start of its output line. The
   policy still reads the code (the number and the operator come from the tool output only) but copies
-  from a short listing. Measured on the tiny CPU model: see README, "the task family's difficulty". The edit is the smallest span around the first difference
+  from a short listing. Measured on the tiny CPU model: see README, "the task family's difficulty".
+- `shell_locate` splits that read in two one-hop steps: the operator grep, then `grep -nF ' - '` for
+  the operator it will change, whose output starts with the line number the sed copies (the
+  first token of the last tool output, not a number four tokens before an operator in a listing):
+
+    run_terminal_cmd  grep -nE ' ([-+*/%<>]|//|[-+*/<>=!]=) ' */[!_]*.py    the operator lines
+    run_terminal_cmd  grep -nF ' - ' */[!_]*.py                              the line(s) with ` - `
+    run_terminal_cmd  sed -i '5s/-/+/' */[!_]*.py                            edit (number copied)
+    run_terminal_cmd  sed -n '5p' */[!_]*.py                                  check
+ The edit is the smallest span around the first difference
 between the buggy and the fixed line, widened to whole words until its first occurrence in the line is
 the one to change, so the sed substitution (first match on that line) reproduces the gold line exactly.
 
@@ -37,8 +46,9 @@ MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulties 0-1 (not
 # A binary operator between spaces: arithmetic, comparison, augmented assignment (not `=` alone, not a
 # unary minus). GNU grep extended syntax, single-quoted in the command.
 OPS_REGEX = " ([-+*/%<>]|//|[-+*/<>=!]=) "
-STYLES = ("shell_lines", "shell_ops")
-_EXPLORE = {"shell_lines": f"grep -n . {MODULE_GLOB}", "shell_ops": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
+STYLES = ("shell_lines", "shell_ops", "shell_locate")
+_EXPLORE = {"shell_lines": f"grep -n . {MODULE_GLOB}", "shell_ops": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}",
+            "shell_locate": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
 _BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
 _REPL_SPECIAL = re.compile(r"([\\&/])")
 
@@ -102,13 +112,23 @@ def applies(task: Any, style: str = "shell_lines") -> bool:
     modules = [p for p in repo if not p.rsplit("/", 1)[-1].startswith("_")]
     if len(bugs) != 1 or len(modules) != 1 or "line" not in _bug_line(task, bugs[0]):
         return False
-    if style == "shell_ops" and not re.search(OPS_REGEX, bugs[0]["old"]):
+    if style in ("shell_ops", "shell_locate") and not re.search(OPS_REGEX, bugs[0]["old"]):
         return False
     try:
         sed_edit(bugs[0]["old"], bugs[0]["new"])
     except ValueError:
         return False
     return True
+
+
+def locate_pattern(old: str, edit: str) -> str:
+    """The fixed string `shell_locate` greps for: the sed pattern of `edit` (unescaped), with the spaces
+    around it where the line has them (` - ` lists the lines holding that operator, not `->` or `-1`)."""
+    m = re.fullmatch(r"s/((?:\\.|[^/\\])*)/((?:\\.|[^/\\])*)/", edit)
+    if m is None:
+        raise ValueError(f"not a sed_edit substitution: {edit!r}")
+    pat = re.sub(r"\\(.)", r"\1", m.group(1))
+    return f" {pat} " if f" {pat} " in old else pat
 
 
 def operator_lines(source: str) -> list[int]:
@@ -132,8 +152,11 @@ def shell_demo_messages(task: Any, style: str = "shell_lines") -> list:
                          f"{' on a line with a binary operator' if style == 'shell_ops' else ''}: {task.instance_id}")
     bug = task.provenance["bugs"][0]
     n = _bug_line(task, bug)["line"]
-    cmds = [_EXPLORE[style], f"sed -i '{n}{sed_edit(bug['old'], bug['new'])}' {MODULE_GLOB}",
-            f"sed -n '{n}p' {MODULE_GLOB}"]
+    edit = sed_edit(bug["old"], bug["new"])
+    cmds = [_EXPLORE[style], f"sed -i '{n}{edit}' {MODULE_GLOB}", f"sed -n '{n}p' {MODULE_GLOB}"]
+    if style == "shell_locate":
+        pat = locate_pattern(bug["old"], edit)
+        cmds.insert(1, f"grep -nF {'-e ' if pat.startswith('-') else ''}'{pat}' {MODULE_GLOB}")
     turns = [Message("assistant", "", [ToolCall(make_call_id("run_terminal_cmd", i), "run_terminal_cmd",
                                                 json.dumps({"command": c}))]) for i, c in enumerate(cmds)]
     return turns + [Message("assistant", f"Fixed line {n}.")]

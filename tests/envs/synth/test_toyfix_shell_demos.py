@@ -151,3 +151,42 @@ def test_shell_ops_demos_list_the_buggy_line_and_fix_it_with_real_grep_and_sed(t
     assert len(listed) >= 30 and 1 in listed
     with pytest.raises(ValueError):
         applies(task, "no_such_style")
+
+
+def test_shell_locate_demos_grep_the_operator_then_sed_the_number_it_printed(tmp_path):
+    """`shell_locate` adds a fixed-string grep for the operator it will change: run for real on
+    generated difficulty-0 tasks, its output lists the buggy line (mostly alone, so the sed's line
+    number is the first token of that output), the sed pattern is the grepped string, and the demo's
+    sed restores the pristine module."""
+    from c2jax.envs.synth.toyfix_shell_demos import OPS_REGEX
+
+    if shutil.which("grep") is None:
+        pytest.skip("needs GNU grep")
+    firsts = []
+    for seed in range(60):
+        c = toyfix.make_candidate("demo", toyfix._seed(0, "demo", 0, seed), 0)
+        if c is None:
+            continue
+        task = type("T", (), {"instance_id": f"l{seed}", "provenance": {"bugs": c.bugs, "repo": c.broken}})()
+        if not applies(task, "shell_locate"):
+            continue
+        root = tmp_path / f"s{seed}"
+        for p, text in c.broken.items():
+            os.makedirs(root / os.path.dirname(p), exist_ok=True)
+            (root / p).write_text(text)
+        msgs = shell_demo_messages(task, style="shell_locate")
+        assert len(msgs) == 5 and not msgs[-1].tool_calls and all(m.tool_calls for m in msgs[:4])
+        cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in msgs[:4]]
+        assert OPS_REGEX in cmds[0] and cmds[1].startswith("grep -nF ")
+        out = subprocess.run(cmds[1], shell=True, cwd=root, capture_output=True, text=True, check=True).stdout
+        got = [int(ln.split(":", 1)[0]) for ln in out.splitlines()]
+        line = int(cmds[2].split("'")[1].split("s/")[0])
+        assert line in got
+        firsts.append(got[0] == line)
+        grepped = cmds[1].split("'")[1]
+        assert grepped.strip() in cmds[2].replace("\\", "")  # the sed pattern is the grepped string
+        subprocess.run(cmds[2], shell=True, cwd=root, check=True)
+        assert {p: (root / p).read_text() for p in c.pristine} == c.pristine
+        assert subprocess.run(cmds[3], shell=True, cwd=root, capture_output=True, text=True,
+                              check=True).stdout.rstrip("\n") == c.bugs[0]["new"]
+    assert len(firsts) >= 30 and sum(firsts) / len(firsts) >= 0.8
