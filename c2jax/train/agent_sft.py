@@ -49,7 +49,8 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     synth_code_drill_words="train", synth_code_drill_share=0.5,
     # The scripted expert's style: "read_replace" (read_file the module named in the statement, then
     # search_replace the buggy line), "shell_lines" (grep -n the module, sed the line by number) or
-    # "shell_ops" (grep -nE the lines with a binary operator, sed the line by number); the shell styles
+    # "shell_ops" (grep -nE the lines with a binary operator, sed the line by number) or "shell_locate"
+    # (shell_ops + grep -nF the operator to change, so the sed copies the number just printed); the shell styles
     # are c2jax.envs.synth.toyfix_shell_demos, difficulties 0-1 only.
     demo_style="read_replace",
 )
