@@ -257,6 +257,20 @@ def format_agent_table(summary: dict[str, Any], ks: Sequence[int]) -> str:
 
 # ---- building the policy for the CLI -----------------------------------------------------------------
 
+def load_experiment_config(spec: str) -> Any:
+    """``experiments/configs/NAME.py[:preset]`` -> its ``get_config(preset)`` (FileNotFoundError if absent)."""
+    import importlib.util
+
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"config file {path} not found")
+    s = importlib.util.spec_from_file_location("_c2jax_experiment_config", path)
+    mod = importlib.util.module_from_spec(s)
+    assert s.loader is not None
+    s.loader.exec_module(mod)
+    return mod.get_config(arg) if arg else mod.get_config()
+
+
 def load_agent_config(spec: str | None):
     """`HarnessConfig` from ``experiments/configs/NAME.py[:preset]``'s ``config.agent`` (default
     HarnessConfig when `spec` is None or the config has no agent section)."""
@@ -265,16 +279,7 @@ def load_agent_config(spec: str | None):
 
     if not spec:
         return HarnessConfig()
-    import importlib.util
-
-    path, _, arg = spec.partition(":")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"agent config file {path} not found")
-    s = importlib.util.spec_from_file_location("_c2jax_bench_agent_config", path)
-    mod = importlib.util.module_from_spec(s)
-    assert s.loader is not None
-    s.loader.exec_module(mod)
-    config = mod.get_config(arg) if arg else mod.get_config()
+    config = load_experiment_config(spec)
     section = config.get("agent") if hasattr(config, "get") else getattr(config, "agent", None)
     return harness_config_from(section) if section is not None else HarnessConfig()
 

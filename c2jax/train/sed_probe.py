@@ -75,22 +75,8 @@ def probe(params: Any, cfg: Any, tokenizer: Any, trajectories: Sequence[Any]) ->
     return {"n": n, "line_number": share("line_ok"), "substitution": share("sub_ok"), "both": both, "rows": rows}
 
 
-def load_config(spec: str) -> Any:
-    """``experiments/configs/NAME.py[:preset]`` -> its ``get_config(preset)``."""
-    import importlib.util
-    import os
-
-    path, _, arg = spec.partition(":")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"config file {path} not found")
-    mod_spec = importlib.util.spec_from_file_location("_c2jax_sed_probe_config", path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    assert mod_spec.loader is not None
-    mod_spec.loader.exec_module(mod)
-    return mod.get_config(arg) if arg else mod.get_config()
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
+    from c2jax.bench.agent_eval import load_experiment_config
     from c2jax.sampling.checkpoint import load_serving_checkpoint
     from c2jax.train.agent_sft import demo_trajectories
     from c2jax.train.rl_family import ensure_family
@@ -103,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--n", type=int, default=128)
     p.add_argument("--out", default=None, help="write the result (with per-demo rows) as JSON here")
     a = p.parse_args(argv)
-    config = load_config(a.config)
+    config = load_experiment_config(a.config)
     style = a.style or config.agent_sft.demo_style
     params, cfg, tok = load_serving_checkpoint(a.checkpoint)
     fam = ensure_family(config)

@@ -116,6 +116,23 @@ def test_blind_edit_baseline_is_a_floor_not_a_solution():
     assert same and blind_edit_baseline(train, same)["resolved_share"] == 1.0
 
 
+def _d0_workspaces(tmp_path, style: str, n_seeds: int = 60):
+    """(candidate, task stub, workspace dir) for generated difficulty-0 demo candidates `style` applies to;
+    each workspace holds the candidate's broken package, as a sandbox's /workspace would."""
+    for seed in range(n_seeds):
+        c = toyfix.make_candidate("demo", toyfix._seed(0, "demo", 0, seed), 0)
+        if c is None:
+            continue
+        task = type("T", (), {"instance_id": f"{style}{seed}", "provenance": {"bugs": c.bugs, "repo": c.broken}})()
+        if not applies(task, style):
+            continue
+        root = tmp_path / f"{style}{seed}"
+        for p, text in c.broken.items():
+            os.makedirs(root / os.path.dirname(p), exist_ok=True)
+            (root / p).write_text(text)
+        yield c, task, root
+
+
 def test_shell_ops_demos_list_the_buggy_line_and_fix_it_with_real_grep_and_sed(tmp_path):
     """`shell_ops` explores with the operator grep: run for real on generated difficulty-0 tasks, it
     lists the lines `operator_lines` predicts, the buggy line always among them (one or two lines),
@@ -125,17 +142,7 @@ def test_shell_ops_demos_list_the_buggy_line_and_fix_it_with_real_grep_and_sed(t
     if shutil.which("grep") is None:
         pytest.skip("needs GNU grep")
     listed = []
-    for i, seed in enumerate(range(60)):
-        c = toyfix.make_candidate("demo", toyfix._seed(0, "demo", 0, seed), 0)
-        if c is None:
-            continue
-        task = type("T", (), {"instance_id": f"o{seed}", "provenance": {"bugs": c.bugs, "repo": c.broken}})()
-        if not applies(task, "shell_ops"):
-            continue
-        root = tmp_path / f"s{seed}"
-        for p, text in c.broken.items():
-            os.makedirs(root / os.path.dirname(p), exist_ok=True)
-            (root / p).write_text(text)
+    for c, task, root in _d0_workspaces(tmp_path, "shell_ops"):
         msgs = shell_demo_messages(task, style="shell_ops")
         cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in msgs[:3]]
         assert OPS_REGEX in cmds[0]
@@ -163,17 +170,7 @@ def test_shell_locate_demos_grep_the_operator_then_sed_the_number_it_printed(tmp
     if shutil.which("grep") is None:
         pytest.skip("needs GNU grep")
     firsts = []
-    for seed in range(60):
-        c = toyfix.make_candidate("demo", toyfix._seed(0, "demo", 0, seed), 0)
-        if c is None:
-            continue
-        task = type("T", (), {"instance_id": f"l{seed}", "provenance": {"bugs": c.bugs, "repo": c.broken}})()
-        if not applies(task, "shell_locate"):
-            continue
-        root = tmp_path / f"s{seed}"
-        for p, text in c.broken.items():
-            os.makedirs(root / os.path.dirname(p), exist_ok=True)
-            (root / p).write_text(text)
+    for c, task, root in _d0_workspaces(tmp_path, "shell_locate"):
         msgs = shell_demo_messages(task, style="shell_locate")
         assert len(msgs) == 5 and not msgs[-1].tool_calls and all(m.tool_calls for m in msgs[:4])
         cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in msgs[:4]]
