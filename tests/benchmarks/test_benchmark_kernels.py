@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py: every grouped-matmul recipe's % of peak is computed against the datasheet
+"""benchmarks/kernel_bench.py: every grouped-matmul recipe's % of peak is computed against the datasheet
 peak of the tensor-core format it runs in (FP8 recipes against the FP8 peak, BF16 against BF16),
 from the one peak table in benchmarks/perf.py, both in the helper and in the printed table.
 Timing is replaced by a fixed figure so the printed column is checked exactly; nothing is timed."""
@@ -13,7 +13,7 @@ from _paths import REPO_ROOT  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
 
-import kernels as kernels_bench  # noqa: E402
+import kernel_bench as kernels_bench  # noqa: E402
 import perf  # noqa: E402
 from kernels_pallas import api  # noqa: E402
 

@@ -1,8 +1,8 @@
 """Kernel benchmark: quantiser GB/s and grouped-matmul TFLOP/s per precision, each against a
 baseline run in the same process, plus a correctness check of every timed kernel.
 
-    python benchmarks/kernels.py                 # CPU: interpret-mode kernels vs the XLA reference
-    python benchmarks/kernels.py --impl pallas --size large   # on a GPU/TPU (compiled kernels)
+    python benchmarks/kernel_bench.py                 # CPU: interpret-mode kernels vs the XLA reference
+    python benchmarks/kernel_bench.py --impl pallas --size large   # on a GPU/TPU (compiled kernels)
 
 Quantiser bytes (kernels.md 5): read 4 B/elem (f32 input) + write codes (1 B FP8, 0.5 B FP4) +
 scale bytes (1 per 32 MX / 16 NVFP4, 4 per 128 fp8_blockwise). Grouped-matmul FLOPs:
