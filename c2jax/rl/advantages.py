@@ -55,7 +55,7 @@ def _groups(rewards: jax.Array, group_index: jax.Array, valid: jax.Array) -> _Gr
     return _Groups(ok, r, gi, count_g, sum_g, count_g[gi], sum_g[gi])
 
 
-def _finish(adv, g: _Groups, *, std_normalize, std_eps, scale, rewards, valid):
+def _finish(adv, g: _Groups, *, std_normalize, std_eps, scale, positive_weight, rewards, valid):
     n = rewards.shape[0]
     mean_g = g.sum_g / jnp.maximum(g.count_g, 1.0)  # [N]
     dev2 = jnp.where(g.ok, (g.r - mean_g[g.gi]) ** 2, 0.0)  # [N]
@@ -65,6 +65,11 @@ def _finish(adv, g: _Groups, *, std_normalize, std_eps, scale, rewards, valid):
     usable = g.ok & (g.count_i >= 2)
     if std_normalize:
         adv = adv / (std_g[g.gi] + std_eps)
+    # Positive-sample weight (W-REINFORCE, Zhu et al. 2025, "The Surprising Effectiveness of Negative
+    # Reinforcement"): < 1 shrinks the push toward samples above their group's baseline, leaving the
+    # push away from those below; mass leaves failures in proportion to the policy's own other choices,
+    # so rare successes keep their share (pass@k at large k) while pass@1 still rises.
+    adv = jnp.where(adv > 0, adv * positive_weight, adv)
     adv = jnp.where(usable, adv * scale, 0.0)
     present = g.count_g > 0
     full = g.count_g >= 2
@@ -83,20 +88,26 @@ def _finish(adv, g: _Groups, *, std_normalize, std_eps, scale, rewards, valid):
 
 @ADVANTAGES.register("grpo")
 def grpo_advantages(rewards: jax.Array, group_index: jax.Array, valid: jax.Array, *,
-                    std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0):
-    """A_i = scale * (R_i - mean of i's group) [/ std]. rewards, group_index, valid: [N] -> ([N], metrics)."""
+                    std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0,
+                    positive_weight: float = 1.0):
+    """A_i = scale * w_i * (R_i - mean of i's group) [/ std]; w_i = positive_weight where the centred
+    value is > 0, else 1. rewards, group_index, valid: [N] -> ([N], metrics)."""
     g = _groups(rewards, group_index, valid)
     adv = g.r - g.sum_i / jnp.maximum(g.count_i, 1.0)
-    return _finish(adv, g, std_normalize=std_normalize, std_eps=std_eps, scale=scale, rewards=rewards, valid=valid)
+    return _finish(adv, g, std_normalize=std_normalize, std_eps=std_eps, scale=scale,
+                   positive_weight=positive_weight, rewards=rewards, valid=valid)
 
 
 @ADVANTAGES.register("rloo")
 def rloo_advantages(rewards: jax.Array, group_index: jax.Array, valid: jax.Array, *,
-                    std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0):
-    """A_i = scale * (R_i - mean of the *other* members of i's group) [/ std]. [N] -> ([N], metrics)."""
+                    std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0,
+                    positive_weight: float = 1.0):
+    """A_i = scale * w_i * (R_i - mean of the *other* members of i's group) [/ std] (w_i as in grpo).
+    [N] -> ([N], metrics)."""
     g = _groups(rewards, group_index, valid)
     adv = g.r - (g.sum_i - g.r) / jnp.maximum(g.count_i - 1.0, 1.0)
-    return _finish(adv, g, std_normalize=std_normalize, std_eps=std_eps, scale=scale, rewards=rewards, valid=valid)
+    return _finish(adv, g, std_normalize=std_normalize, std_eps=std_eps, scale=scale,
+                   positive_weight=positive_weight, rewards=rewards, valid=valid)
 
 
 def compute_advantages(name: str, rewards, group_index, valid, **kwargs):

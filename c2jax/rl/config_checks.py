@@ -95,6 +95,8 @@ def validate_rl(check: Checker, rl: Any, full: Any) -> None:
             _num(check, "advantage.scale", kw["scale"], lo=0.0, lo_open=True)
         if "std_eps" in kw:
             _num(check, "advantage.std_eps", kw["std_eps"], lo=0.0, lo_open=True)
+        if "positive_weight" in kw:
+            _num(check, "advantage.positive_weight", kw["positive_weight"], lo=0.0)
 
     obj = _named(check, "objective", c["objective"], POLICY_LOSSES)
     if obj:

@@ -38,6 +38,7 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     keep_checkpoints=2,
     log_every=1,
     replay_metrics=True,  # also run the learner without replay to measure mismatch and route flips
+    grade_cache=True,  # grade each distinct (task, diff) once per run / evaluation (c2jax.train.grade_cache)
     # Single-epoch task stream; after `upsample_after_step`, tasks are drawn with weights from the
     # heuristics of their (earlier) rollouts: mean turns and thinking tokens (report 3.2).
     curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
@@ -124,7 +125,7 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     _float(check, "temperature", c["temperature"], 0.0, lo_open=True)
     _float(check, "top_p", c["top_p"], 0.0, lo_open=True, hi=1.0)
     _float(check, "replay_margin", c["replay_margin"], 0.0, allow_none=True)
-    for key in ("router_replay", "replay_metrics"):
+    for key in ("router_replay", "replay_metrics", "grade_cache"):
         if not isinstance(c[key], bool):
             check.error(key, f"must be a bool, got {c[key]!r}")
     from c2jax.model.moe_impls import exact_moe_impls  # the registry's entries that never drop a token

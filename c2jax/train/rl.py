@@ -111,7 +111,9 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.checkpoint import Checkpointer
     from c2jax.train.metrics import MetricsLogger, Progress
     from c2jax.train.rl_family import ensure_family, load_split, make_harness
+    from c2jax.train.grade_cache import GradeCache
     from c2jax.train.rl_learner import make_learner
+    from c2jax.train.rl_rollouts import grade_validated
     from c2jax.train.rl_report import write_report
     from c2jax.train.rl_step import RLContext, rl_step
     from c2jax.train.rl_tasks import TaskStream
@@ -167,8 +169,9 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     pool = make_pool(config.get("envs"), max_concurrency=int(rl["max_in_flight"]))  # envs.backend picks it
     ref = jax.tree_util.tree_map(jax.numpy.asarray, params0) if rl["reference"] == "init" else None
     weight_sync = WeightSync(engine, wcfg) if wcfg["mode"] == "delta" else None
+    grade_fn = GradeCache(grade_validated) if rl["grade_cache"] else None  # None: grade_validated
     ctx = RLContext(rl=rl, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
-                    ref_params=ref, seed=seed, weight_sync=weight_sync)
+                    ref_params=ref, seed=seed, weight_sync=weight_sync, grade_fn=grade_fn)
     logger = MetricsLogger(out_dir)
     steps = int(rl["steps"])
     bar = Progress(steps, initial=start, desc="rl")
@@ -248,6 +251,8 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     if services is not None:
         summary["services"] = services
     summary["time"] = timings
+    if grade_fn is not None:
+        summary["grade_cache"] = grade_fn.stats()
     summary["stage_wall_time_s"] = time.time() - t_stage
     write_report(out_dir, summary, os.path.join(out_dir, "train.jsonl"))
     atomic_write_json(os.path.join(out_dir, "summary.json"), summary, indent=2, sort_keys=True, default=str)

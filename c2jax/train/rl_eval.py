@@ -3,6 +3,8 @@
 `evaluate(params, ...)` runs the sampling engine + harness + grader on held-out tasks and returns
 {"rows", "results"}; the RL stage (before / after), `sft_matched` and the difficulty sweep
 (`c2jax.train.rl_difficulty`) all score policies through it, so their figures are comparable.
+Grading is memoised per evaluation on (task, diff) (`c2jax.train.grade_cache`; ``rl.grade_cache``):
+the verdicts are the grader's, the duplicates just are not re-run.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
     from c2jax.agent.policies import EnginePolicy
     from c2jax.bench.agent_eval import evaluate_agent, summarize_agent
     from c2jax.sampling import Engine, EngineConfig
+    from c2jax.train.grade_cache import GradeCache
     from c2jax.train.rl_family import make_harness
     from c2jax.train.rl_rollouts import grade_validated
 
@@ -34,8 +37,11 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
         try:
             harness, fmt = make_harness(config, tokenizer)
             policy = EnginePolicy(engine, fmt, temperature=float(ev["temperature"]), seed=seed)
+            grade_fn = GradeCache(grade_validated) if rl.get("grade_cache", True) else grade_validated
             rows = evaluate_agent(tasks, harness, policy, k=int(ev["k"]), max_in_flight=int(ev["max_in_flight"]),
-                                  grade_fn=grade_validated)
+                                  grade_fn=grade_fn)
+            if isinstance(grade_fn, GradeCache):
+                atomic_write_json(os.path.join(out_dir, "grade_cache.json"), grade_fn.stats())
         finally:
             engine.shutdown()
         atomic_write_json(rows_path, rows, default=str)

@@ -101,3 +101,29 @@ def test_matches_brute_force_loop(name, std):
             want[i] = (r[i] - base) / ((sd + 1e-6) if std else 1.0)
     a, _ = jax.jit(lambda *x: compute_advantages(name, *x, std_normalize=std))(r, gi, valid)
     np.testing.assert_allclose(a, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_positive_weight_scales_only_above_baseline(name):
+    """W-REINFORCE: positive_weight multiplies the advantages above the baseline, leaves the rest; 1 is
+    the plain estimator and 0 keeps only the push away from failures."""
+    r = jnp.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0])  # groups of 4: 1/4 and 3/4 solved
+    gi = jnp.array([0, 0, 0, 0, 1, 1, 1, 1])
+    valid = jnp.ones(8)
+    plain, _ = compute_advantages(name, r, gi, valid)
+    plain = np.asarray(plain)
+    for w in (0.0, 0.25, 1.0):
+        a, _ = compute_advantages(name, r, gi, valid, positive_weight=w)
+        want = np.where(plain > 0, w * plain, plain)
+        np.testing.assert_allclose(a, want, atol=1e-6)
+    a0, _ = compute_advantages(name, r, gi, valid, positive_weight=0.0, scale=2.0)
+    assert np.all(np.asarray(a0) <= 0) and np.asarray(a0)[1] < 0  # failures still pushed down, x scale
+
+
+def test_positive_weight_is_validated():
+    from c2jax.config import Checker
+    from c2jax.rl.config_checks import validate_rl
+
+    check = Checker()
+    validate_rl(check, {"advantage": {"name": "grpo", "positive_weight": -0.5}}, {})
+    assert any(k == "advantage.positive_weight" for k, _ in check.problems), check.problems
