@@ -65,6 +65,23 @@ def to_plain(x: Any) -> Any:
     return x
 
 
+def load_config_file(spec: str) -> Any:
+    """``PATH[:preset]`` of an experiment config file -> its ``get_config(preset)`` (no command-line
+    overrides; `c2jax.workflow.configs.load_config` parses those like ``experiments/run.py``).
+    Raises FileNotFoundError naming the path if it does not exist."""
+    import importlib.util
+    import os
+
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"config file {path} not found")
+    s = importlib.util.spec_from_file_location("_c2jax_experiment_config", path)
+    mod = importlib.util.module_from_spec(s)
+    assert s.loader is not None
+    s.loader.exec_module(mod)
+    return mod.get_config(arg) if arg else mod.get_config()
+
+
 class ConfigError(ValueError):
     """A config value is out of range or inconsistent. `problems` lists `(key, message)`."""
 

@@ -259,16 +259,9 @@ def format_agent_table(summary: dict[str, Any], ks: Sequence[int]) -> str:
 
 def load_experiment_config(spec: str) -> Any:
     """``experiments/configs/NAME.py[:preset]`` -> its ``get_config(preset)`` (FileNotFoundError if absent)."""
-    import importlib.util
+    from c2jax.config import load_config_file
 
-    path, _, arg = spec.partition(":")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"config file {path} not found")
-    s = importlib.util.spec_from_file_location("_c2jax_experiment_config", path)
-    mod = importlib.util.module_from_spec(s)
-    assert s.loader is not None
-    s.loader.exec_module(mod)
-    return mod.get_config(arg) if arg else mod.get_config()
+    return load_config_file(spec)
 
 
 def load_agent_config(spec: str | None):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import json
 import os
 import sys
@@ -21,15 +20,13 @@ from typing import Any
 
 
 def load_config(spec: str) -> Any:
-    """`get_config(arg)` of an experiment file given as ``PATH[:arg]``."""
-    path, _, arg = spec.partition(":")
-    if not os.path.exists(path):
-        raise SystemExit(f"error: config file {path} not found")
-    s = importlib.util.spec_from_file_location("_c2jax_data_config", path)
-    mod = importlib.util.module_from_spec(s)
-    assert s.loader is not None
-    s.loader.exec_module(mod)
-    return mod.get_config(arg) if arg else mod.get_config()
+    """`get_config(arg)` of an experiment file given as ``PATH[:arg]`` (exits naming a missing file)."""
+    from c2jax.config import load_config_file
+
+    try:
+        return load_config_file(spec)
+    except FileNotFoundError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def apply_override(config: Any, item: str) -> None:
