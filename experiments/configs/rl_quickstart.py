@@ -4,9 +4,13 @@
     python experiments/run.py --config experiments/configs/rl_quickstart.py --workdir runs/rl_s1 --config.seed=1
     python experiments/run.py --config experiments/configs/rl_quickstart.py:smoke --workdir runs/rl_smoke
 
-The cold start: ~3.8k scripted shell episodes on the family's demo split (difficulty 0: grep the lines
-with a binary operator, sed the buggy one by line number, print it, finish; the harness declares the
-terminal tool only, so a demonstration is ~430 tokens and two share a 1k row), 600 SFT steps.
+The cold start: 1000 CPT steps, then ~3.8k scripted shell episodes on the family's demo split
+(difficulty 0, style `shell_locate`: grep the lines with a binary operator, grep the operator to
+change, sed that line by the number just printed, print it, finish; the harness declares the terminal
+tool only; ~200 policy tokens per demonstration), 600 SFT steps. 1000 CPT steps,
+not 300, because the policy must copy the line number it has just read: `python -m
+c2jax.train.sed_probe` (teacher-forced, about a minute) finds the copy right 83% of the time after
+1000 CPT steps and 27% after 300 (held-out SFT pass@1 0.60 against 0.14; docs/rl_experiments.md).
 
 The build part (corpus, tokenizer, CPT, the ``toyfix`` task family, demonstrations, SFT) runs in a
 content-addressed cache under ``config.build.dir`` and is reused by every seed (the seed changes the
@@ -24,11 +28,6 @@ Presets (after ':'):
     q0            linear length penalty (q = 0) instead of the concave one
     w_reinforce   successes weighted 0.1 against failures in the advantages (rl.advantage.positive_weight)
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of the train tasks
-
-A cold start whose policy copies the line number it reads (README, "The task family's difficulty"):
-    --config.agent_sft.demo_style=shell_locate --config.train.steps=1000
-(held-out SFT pass@1 0.60 against 0.25; build ~15 min). `python -m c2jax.train.sed_probe` measures
-the copy, teacher-forced, in about a minute.
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
 of them can be overridden: ``--config.rl.group_size=4``, ``--config.rl.rewards.length.q=0.5``, ...
