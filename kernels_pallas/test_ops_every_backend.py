@@ -43,7 +43,10 @@ class GroupedMatmulBase:
 
     impl: str = ""
 
-    @pytest.mark.parametrize("precision", ["f32", "fp8_blockwise", "mxfp8"])
+    # The quantised precisions interpret every block (~60 s on 2 cores): -m slow. The default run
+    # still checks the quantised kinds of the same kernel in kernels_pallas/gmm/test_gmm.py.
+    @pytest.mark.parametrize("precision", ["f32", pytest.param("fp8_blockwise", marks=pytest.mark.slow),
+                                           pytest.param("mxfp8", marks=pytest.mark.slow)])
     def test_forward_dgrad_wgrad_match_reference(self, precision):
         got = _fwd_and_grads(self.impl, precision)
         want = _fwd_and_grads("xla", precision)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 
 def _setup(name: str):
@@ -56,6 +57,7 @@ def _matrices(x: np.ndarray, dims) -> np.ndarray:
     return y.reshape(-1, *y.shape[-2:])
 
 
+@pytest.mark.slow  # ~40 s on 2 cores; Muon's transform itself is checked by tests/train/test_train_step.py
 def test_muon_orthogonalises_matrices_and_leaves_the_rest_to_adamw():
     from c2jax.model.params_spec import logical_axes
     from c2jax.train.optim import muon_dimension_numbers
