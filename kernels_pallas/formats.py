@@ -1,6 +1,6 @@
 """Element and scale formats of the block-scaled low-precision recipes (one table, used everywhere).
 
-Numbers follow ../shared/docs/kernels.md section 1.1: element max, the exponent of the max
+Numbers follow the OCP Microscaling (MX) v1.0 spec and NVIDIA's NVFP4 format: element max, the exponent of the max
 (`emax_elem`) and the 23-bit FP32 mantissa field of the max (`mant_thresh`, used by the
 division-free RCEIL rule), the block size along the contraction axis and the scale encoding.
 """

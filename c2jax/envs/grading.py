@@ -6,7 +6,7 @@ tests added, then the task's tests; returns reward terms and flags.
     result.reward, result.resolved, result.f2p_fraction, result.p2p_regressions, result.flags
     result.masked                       # True: infrastructure failure, exclude from training/eval
 
-Order of operations (../shared/docs/environments.md §4.3):
+Order of operations:
 1. The diff's paths are checked on the host: absolute paths, `..` components, paths under a
    symlink of the base and diffs that create symlinks are rejected (`unsafe_diff`, reward 0).
 2. A new sandbox starts from `task.env_id` (the agent's base: broken code, hidden tests absent);

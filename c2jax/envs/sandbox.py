@@ -8,7 +8,7 @@ Usage:
         r.exit_code, r.stdout, r.killed_reason
         sb.write_file("fix.py", "...");  patch = sb.diff();  child = sb.fork()
 
-Design (see ../shared/docs/environments.md §6):
+Design:
 - One long-lived `bwrap` per sandbox: every namespace unshared (user, pid, net, ipc, uts, cgroup),
   uid 1000, all capabilities dropped, no further user namespaces, cleared environment, new session,
   dies with its parent. The root is an allow-list: /usr, a minimal /etc, /env (the environment's

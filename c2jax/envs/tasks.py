@@ -3,8 +3,7 @@
 A task is a repository state the agent starts from (`env_id`, an environment of `c2jax.envs`
 holding the *broken* code, with every FAIL_TO_PASS test file absent), a terse prompt, and what the
 grader needs and the agent never sees: hidden test files, FAIL_TO_PASS / PASS_TO_PASS test ids and
-the gold patch (broken -> solved). Field names follow SWE-bench where one exists
-(../shared/docs/environments.md §2.4).
+the gold patch (broken -> solved). Field names follow SWE-bench where one exists.
 
     from c2jax.envs import start
     from c2jax.envs.grading import grade
