@@ -67,8 +67,8 @@ def _finish(adv, g: _Groups, *, std_normalize, std_eps, scale, positive_weight, 
         adv = adv / (std_g[g.gi] + std_eps)
     # Positive-sample weight (W-REINFORCE, Zhu et al. 2025, "The Surprising Effectiveness of Negative
     # Reinforcement"): < 1 shrinks the push toward samples above their group's baseline, leaving the
-    # push away from those below; mass leaves failures in proportion to the policy's own other choices,
-    # so rare successes keep their share (pass@k at large k) while pass@1 still rises.
+    # push away from those below; the paper reports pass@k at large k kept while pass@1 rises. Not
+    # reproduced on the RL quickstart (pass@8 fell as with 1.0: README, preset `w_reinforce`).
     adv = jnp.where(adv > 0, adv * positive_weight, adv)
     adv = jnp.where(usable, adv * scale, 0.0)
     present = g.count_g > 0

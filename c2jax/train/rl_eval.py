@@ -37,7 +37,7 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
         try:
             harness, fmt = make_harness(config, tokenizer)
             policy = EnginePolicy(engine, fmt, temperature=float(ev["temperature"]), seed=seed)
-            grade_fn = GradeCache(grade_validated) if rl.get("grade_cache", True) else grade_validated
+            grade_fn = GradeCache(grade_validated) if rl["grade_cache"] else grade_validated
             rows = evaluate_agent(tasks, harness, policy, k=int(ev["k"]), max_in_flight=int(ev["max_in_flight"]),
                                   grade_fn=grade_fn)
             if isinstance(grade_fn, GradeCache):
