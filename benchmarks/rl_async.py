@@ -1,7 +1,7 @@
 """Asynchronous RL services vs the synchronous stage, under heavy-tailed environment latency.
 
     python benchmarks/rl_async.py                      # the latency model only (seconds)
-    python benchmarks/rl_async.py --real [--steps 6] [--staleness 2] [--env-mu 0.0] [--env-sigma 1.0]
+    python benchmarks/rl_async.py --real [--steps 6] [--repeats 3] [--staleness 2] [--env-mu 0.0] [--env-sigma 1.0]
     python benchmarks/rl_async.py --real --dry-run     # smallest real shapes (numbers meaningless)
 
 Baseline: the synchronous stage itself (`c2jax.train.rl_step.rl_step`: roll out every group of a
@@ -18,12 +18,14 @@ Two parts:
 2. ``--real``: the tiny rl_quickstart:smoke model shape (random init), the real harness, engine and
    sandbox on toyfix tasks, every grading preceded by a sleep ~ lognormal(env_mu, env_sigma)
    seconds (the sandbox/test latency of real tasks; sleeping costs no CPU, as a remote sandbox
-   would not). One untimed synchronous warm-up step compiles; then ``--steps`` synchronous steps
-   and ``--steps`` asynchronous ones (``max_staleness = --staleness``, in-flight updates), and the
-   asynchronous run again without in-flight updates. Printed: wall ratio async/sync, trainer idle
-   fraction of each, staleness histograms, and |log pi_train - log pi_behaviour| by token position
-   (the learner's logprobs before the update vs the sampler's, over loss tokens) with and without
-   in-flight updates.
+   would not). One untimed synchronous warm-up step compiles; then ``--repeats`` times, on fresh
+   tasks each time, three arms on the SAME tasks (same order) with the SAME latency for the k-th
+   grading of each task: ``--steps`` synchronous steps, ``--steps`` asynchronous ones
+   (``max_staleness = --staleness``, in-flight updates), and the asynchronous run without in-flight
+   updates; the arms' order rotates between repeats. Printed per repeat and as the median over
+   repeats: wall ratio async/sync, trainer idle fraction of each, staleness histograms; and
+   |log pi_train - log pi_behaviour| by token position (the learner's logprobs before the update vs
+   the sampler's, over loss tokens) with and without in-flight updates.
 
 Timings on a shared or loaded machine are not results: rerun on an idle one. ``--out`` writes JSON.
 """
@@ -87,19 +89,27 @@ def _load(name: str, path: str) -> Any:
 
 
 class SlowGrade:
-    """The real grader after a sleep ~ lognormal(mu, sigma): the environment's heavy-tailed latency."""
+    """The real grader after a sleep ~ lognormal(mu, sigma): the environment's heavy-tailed latency.
+
+    The k-th grading of task T sleeps d(seed, T, k), a pure function of its arguments, so every arm of
+    the A/B sees the same latencies for each group, whatever order its samples finish in (a shared
+    random stream would hand the sync and async arms different draws)."""
 
     def __init__(self, mu: float, sigma: float, seed: int) -> None:
         from c2jax.train.rl_rollouts import grade_validated
 
-        self.grade, self.mu, self.sigma = grade_validated, mu, sigma
-        self.rng = random.Random(seed)
+        self.grade, self.mu, self.sigma, self.seed = grade_validated, mu, sigma, seed
+        self.counts: dict[str, int] = {}
         self.lock = threading.Lock()
+
+    def delay(self, task_id: str, k: int) -> float:
+        return random.Random(f"{self.seed}:{task_id}:{k}").lognormvariate(self.mu, self.sigma)
 
     def __call__(self, task: Any, diff: str) -> Any:
         with self.lock:
-            delay = self.rng.lognormvariate(self.mu, self.sigma)
-        time.sleep(delay)
+            k = self.counts.get(task.instance_id, 0)
+            self.counts[task.instance_id] = k + 1
+        time.sleep(self.delay(task.instance_id, k))
         return self.grade(task, diff)
 
 
@@ -153,7 +163,8 @@ def real_part(args) -> dict:
     rl = resolve_rl_config({k: v for k, v in raw.items() if k not in resolve_stage({})})
     rl.update(resolve_stage(raw))
     config.agent.max_turns, config.agent.max_new_tokens = args.max_turns, args.max_new_tokens
-    n_tasks = (3 * args.steps + 1) * args.tasks_per_step
+    tps = args.tasks_per_step
+    n_tasks = (1 + args.repeats * args.steps) * tps
     ns = argparse.Namespace(n_train=max(16, -(-n_tasks // 16) * 16), tasks_dir=None, difficulty=1, seed=args.seed,
                             steps=0, retries=0, groups=[], tasks_per_step=[])
     tasks, _ = bench_step.build_tasks(ns)
@@ -166,10 +177,8 @@ def real_part(args) -> dict:
     learner = make_learner(cfg, rl, params)
     ref = jax.tree_util.tree_map(lambda x: x * 1.05, params) if args.kl_coef > 0 else None
     harness, fmt = make_harness(config, tok)
-    grade = SlowGrade(args.env_mu, args.env_sigma, args.seed)
-    stream = TaskStream(tasks, seed=args.seed, upsample_after_step=None)
 
-    def context(max_staleness: int) -> tuple[RLContext, Any]:
+    def context(max_staleness: int, grade: SlowGrade) -> tuple[RLContext, Any]:
         r = dict(rl, max_staleness=max_staleness)
         engine = Engine(params, cfg, EngineConfig(max_slots=args.slots, max_len=args.max_len,
                                                   recompute_cache_on_update=True), tokenizer=tok, version=0)
@@ -178,28 +187,24 @@ def real_part(args) -> dict:
         return RLContext(rl=r, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
                          ref_params=ref, seed=args.seed, grade_fn=grade), pool
 
-    results: dict[str, Any] = {}
-    # warm-up (compiles the engine and the learner's row buckets), then the synchronous baseline
-    ctx, pool = context(0)
-    state = TrainState.create(params, learner.tx)
-    try:
-        warm = rl_step(ctx, state, stream.take(args.tasks_per_step, 0), step=0, version=0, engine_version=0)
-        state, version = warm.state, warm.version  # the engine already serves version 1
-        t0 = time.monotonic()
-        busy, hist = 0.0, {}
-        for step in range(1, args.steps + 1):
-            out = rl_step(ctx, state, stream.take(args.tasks_per_step, step), step=step, version=version,
-                          engine_version=version)
-            state, version = out.state, out.version
-            busy += out.metrics["time/learner_s"] + out.metrics["time/diagnostics_s"]
-            for k, v in out.metrics.items():
-                if k.startswith("staleness/hist/"):
-                    hist[int(k.rsplit("/", 1)[1])] = hist.get(int(k.rsplit("/", 1)[1]), 0) + int(v)
-        wall = time.monotonic() - t0
-        results["sync"] = {"wall_s": wall, "trainer_idle": 1 - busy / wall, "staleness_hist": hist}
-    finally:
-        ctx.engine.shutdown()
-        pool.close()
+    def run_sync(stream: TaskStream, grade: SlowGrade, warm: bool = False) -> dict:
+        ctx, pool = context(0, grade)
+        state, version = TrainState.create(params, learner.tx), 0
+        try:
+            t0 = time.monotonic()
+            busy, hist = 0.0, {}
+            for step in range(1 if warm else args.steps):
+                out = rl_step(ctx, state, stream.take(tps, step), step=step, version=version, engine_version=version)
+                state, version = out.state, out.version
+                busy += out.metrics["time/learner_s"] + out.metrics["time/diagnostics_s"]
+                for k, v in out.metrics.items():
+                    if k.startswith("staleness/hist/"):
+                        hist[int(k.rsplit("/", 1)[1])] = hist.get(int(k.rsplit("/", 1)[1]), 0) + int(v)
+            wall = time.monotonic() - t0
+        finally:
+            ctx.engine.shutdown()
+            pool.close()
+        return {"wall_s": wall, "trainer_idle": 1 - busy / wall, "staleness_hist": hist}
 
     class RecordingTrainer(Trainer):
         def __init__(self, c: RLContext, into: list) -> None:
@@ -211,17 +216,15 @@ def real_part(args) -> dict:
             self.into.append((out.batch, out.logp))
             return out
 
-    for name, inflight in (("async", True), ("async_no_inflight", False)):
-        ctx, pool = context(args.staleness)
-        records: list = []
+    def run_async(stream: TaskStream, grade: SlowGrade, inflight: bool, records: list, out_dir: str) -> dict:
+        ctx, pool = context(args.staleness, grade)
         be = LocalBackend()
         workers = max(1, args.slots // args.group_size)
         rollout = be.spawn("rollout", lambda: RolloutWorker(harness, ctx.policy, pool, ctx.rl, grade_fn=grade,
                                                              seed=args.seed), workers=workers)
         trainer = be.spawn("trainer", lambda: RecordingTrainer(ctx, records))
         run = AsyncRL(ctx, rollout=rollout, trainer=trainer, publisher=EnginePublisher(ctx.engine),
-                      stream=_Offset(stream), steps=args.steps, inflight_updates=inflight,
-                      out_dir=os.path.join(args.workdir, name))
+                      stream=stream, steps=args.steps, inflight_updates=inflight, out_dir=out_dir)
         try:
             run.run(TrainState.create(params, learner.tx))
         finally:
@@ -230,38 +233,55 @@ def real_part(args) -> dict:
             ctx.engine.shutdown()
             pool.close()
         sm = run.summary()
-        results[name] = {"wall_s": sm["wall_s"], "trainer_idle": sm["trainer_idle_fraction"],
-                         "staleness_hist": sm["staleness_hist"], "ledger": sm["ledger"],
-                         "mismatch_by_position": mismatch_by_position(records, args.position_bucket)}
-    s, a, n = results["sync"], results["async"], results["async_no_inflight"]
-    results["wall_ratio"] = a["wall_s"] / s["wall_s"]
-    print(f"\n== real path: {args.steps} steps x {args.tasks_per_step} tasks x {args.group_size} rollouts, "
-          f"{args.slots} slots, grading after a sleep ~ lognormal({args.env_mu}, {args.env_sigma}) s ==")
-    for k, r in (("sync", s), (f"async (max_staleness={args.staleness})", a), ("async, no in-flight updates", n)):
-        print(f"{k:>32}: wall {r['wall_s']:.1f} s, trainer idle {r['trainer_idle']:.2f}, staleness {r['staleness_hist']}")
-    print(f"wall async / sync = {results['wall_ratio']:.3f}  (same trained samples: {args.steps * args.tasks_per_step * args.group_size})")
+        return {"wall_s": sm["wall_s"], "trainer_idle": sm["trainer_idle_fraction"],
+                "staleness_hist": sm["staleness_hist"], "ledger": sm["ledger"]}
+
+    # One untimed synchronous step compiles the engine and the learner's row buckets. Then each repeat
+    # runs the three arms on the SAME tasks (a fresh single-epoch stream over the repeat's slice, same
+    # seed, so the same order) with the SAME latency per (task, k-th grading), in a rotated order so no
+    # arm always runs first (a prompt-length bucket first met mid-run compiles in whichever arm meets it).
+    run_sync(TaskStream(tasks[:tps], seed=args.seed, upsample_after_step=None), SlowGrade(-9.0, 0.0, 0), warm=True)
+    arms = ("sync", "async", "async_no_inflight")
+    records: dict[str, list] = {"async": [], "async_no_inflight": []}
+    repeats: list[dict] = []
+    for rep in range(args.repeats):
+        chunk = tasks[tps + rep * args.steps * tps: tps + (rep + 1) * args.steps * tps]
+        row: dict[str, Any] = {}
+        for arm in arms[rep % 3:] + arms[:rep % 3]:
+            stream = TaskStream(chunk, seed=args.seed + rep, upsample_after_step=None)
+            grade = SlowGrade(args.env_mu, args.env_sigma, args.seed + rep)
+            if arm == "sync":
+                row[arm] = run_sync(stream, grade)
+            else:
+                row[arm] = run_async(stream, grade, arm == "async", records[arm],
+                                     os.path.join(args.workdir, f"{arm}_r{rep}"))
+        row["wall_ratio"] = row["async"]["wall_s"] / row["sync"]["wall_s"]
+        row["wall_ratio_no_inflight"] = row["async_no_inflight"]["wall_s"] / row["sync"]["wall_s"]
+        repeats.append(row)
+    import statistics
+
+    results: dict[str, Any] = {
+        "repeats": repeats,
+        "wall_ratio": statistics.median(r["wall_ratio"] for r in repeats),
+        "wall_ratio_no_inflight": statistics.median(r["wall_ratio_no_inflight"] for r in repeats),
+        "mismatch_by_position": {k: mismatch_by_position(v, args.position_bucket) for k, v in records.items()}}
+    print(f"\n== real path: {args.repeats} repeats x {args.steps} steps x {tps} tasks x {args.group_size} rollouts, "
+          f"{args.slots} slots, grading after a sleep ~ lognormal({args.env_mu}, {args.env_sigma}) s; each repeat: "
+          f"the three arms on the same tasks and latencies ==")
+    for i, r in enumerate(repeats):
+        for k in arms:
+            print(f"  repeat {i} {k:>18}: wall {r[k]['wall_s']:6.1f} s, trainer idle {r[k]['trainer_idle']:.2f}, "
+                  f"staleness {r[k]['staleness_hist']}")
+        print(f"  repeat {i} wall async/sync = {r['wall_ratio']:.3f} (no in-flight updates: "
+              f"{r['wall_ratio_no_inflight']:.3f})")
+    print(f"wall async (max_staleness={args.staleness}) / sync, median of {args.repeats} = {results['wall_ratio']:.3f} "
+          f"(no in-flight updates: {results['wall_ratio_no_inflight']:.3f}; same trained samples per arm: "
+          f"{args.steps * tps * args.group_size})")
+    a, n = results["mismatch_by_position"]["async"], results["mismatch_by_position"]["async_no_inflight"]
     print("|log pi_train - log pi_behaviour| by token position (with / without in-flight updates):")
-    for p in sorted(set(a["mismatch_by_position"]) | set(n["mismatch_by_position"])):
-        print(f"  pos {p:>5}+: {a['mismatch_by_position'].get(p, float('nan')):.5f} / "
-              f"{n['mismatch_by_position'].get(p, float('nan')):.5f}")
+    for p in sorted(set(a) | set(n)):
+        print(f"  pos {p:>5}+: {a.get(p, float('nan')):.5f} / {n.get(p, float('nan')):.5f}")
     return results
-
-
-class _Offset:
-    """The shared single-epoch task stream, so every run of the benchmark gets fresh tasks."""
-
-    def __init__(self, stream: Any) -> None:
-        self.s = stream
-        self.tasks = stream.tasks
-
-    def take(self, n: int, step: int) -> list:
-        return self.s.take(n, step)
-
-    def observe(self, *a: Any, **k: Any) -> None:
-        self.s.observe(*a, **k)
-
-    def state(self) -> dict:
-        return self.s.state()
 
 
 def parse_args(argv=None):
@@ -270,6 +290,7 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true", help="smallest real shapes (numbers meaningless)")
     p.add_argument("--config", default="experiments/configs/rl_quickstart.py:smoke")
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=3, help="real path: A/B repeats (each on fresh tasks)")
     p.add_argument("--staleness", type=int, default=2)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--tasks-per-step", type=int, default=4)
@@ -289,7 +310,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.dry_run:
         args.real = True
-        args.steps, args.group_size, args.tasks_per_step, args.slots = 2, 2, 2, 4
+        args.steps, args.group_size, args.tasks_per_step, args.slots, args.repeats = 2, 2, 2, 4, 1
         args.max_turns, args.max_new_tokens, args.sim_steps, args.env_mu, args.env_sigma = 1, 16, 20, -3.0, 0.5
     return args
 

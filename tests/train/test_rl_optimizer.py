@@ -29,7 +29,7 @@ def _setup(name: str):
     rng = np.random.default_rng(1)  # numpy, not jax.random: per-shape compiles of the latter took ~17 s
     grads = jax.tree_util.tree_unflatten(treedef, [jnp.asarray(_rank1_plus_noise(rng, x.shape), x.dtype)
                                                    for x in leaves])
-    upd, _ = tx.update(grads, tx.init(params), params)
+    upd, _ = jax.jit(tx.update)(grads, tx.init(params), params)  # one compile: eager op-by-op Newton-Schulz took ~20 s
     return cfg, params, upd
 
 

@@ -100,14 +100,8 @@ def test_replayed_learner_logprobs_equal_sampler_raw_logprobs(stepped):
     assert stepped["out"].metrics["mismatch/with_replay/mean"] < 1e-5
 
 
-def _hand_dr_grpo_loss(params, cfg, b, rewards, valid):
-    """-(1/(B*L)) sum_i sum_t (R_i - mean_group R) log pi(o_it), written out from the report."""
-    from c2jax.model.transformer import apply
-
-    out = apply(params, jnp.asarray(b["tokens"]), cfg, segment_ids=jnp.asarray(b["segment_ids"]),
-                positions=jnp.asarray(b["positions"]), routes=jnp.asarray(b["routes"]))
-    logits = out["logits"].astype(jnp.float32)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), jnp.asarray(b["targets"])[..., None], -1)[..., 0]
+def _hand_token_weights(b, rewards, valid):
+    """Per-token Dr. GRPO weights (R_i - mean_group R) and the live-token mask, in numpy."""
     g = b["group_index"]
     adv = np.zeros_like(rewards)
     for gi in set(g.tolist()):
@@ -116,7 +110,18 @@ def _hand_dr_grpo_loss(params, cfg, b, rewards, valid):
     ti = b["traj_index"]
     tok_adv = np.where(ti >= 0, adv[np.clip(ti, 0, None)], 0.0)
     tok_valid = np.where(ti >= 0, valid[np.clip(ti, 0, None)], 0.0)
-    mask = b["loss_mask"] * tok_valid
+    return tok_adv, b["loss_mask"] * tok_valid
+
+
+def _hand_dr_grpo_loss(params, cfg, b, tok_adv, mask):
+    """-(1/(B*L)) sum_i sum_t (R_i - mean_group R) log pi(o_it), written out from the report
+    (jitted by the caller: eager op-by-op autodiff of the model costs ~30 s on CPU)."""
+    from c2jax.model.transformer import apply
+
+    out = apply(params, b["tokens"], cfg, segment_ids=b["segment_ids"], positions=b["positions"],
+                routes=b["routes"])
+    logits = out["logits"].astype(jnp.float32)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), b["targets"][..., None], -1)[..., 0]
     return -jnp.sum(jnp.where(mask > 0, tok_adv * logp, 0.0)) / b["tokens"].size
 
 
@@ -130,7 +135,9 @@ def test_gradient_equals_hand_written_dr_grpo(stepped):
     b = _batch(trajs)
     g, _ = stepped["learner"].grads(stepped["params"], b)
     cfg = learner_model_config(stepped["cfg"], stepped["rl"])
-    want = jax.grad(_hand_dr_grpo_loss)(stepped["params"], cfg, b, rewards, np.ones(len(trajs), np.float32))
+    tok_adv, mask = _hand_token_weights(b, rewards, np.ones(len(trajs), np.float32))
+    arrays = {k: jnp.asarray(b[k]) for k in ("tokens", "segment_ids", "positions", "routes", "targets")}
+    want = jax.jit(jax.grad(_hand_dr_grpo_loss), static_argnums=1)(stepped["params"], cfg, arrays, tok_adv, mask)
     leaves_g, leaves_w = jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(want)
     total = sum(float(jnp.abs(x).sum()) for x in leaves_w)
     assert total > 0  # the batch has reward variance: the gradient is not trivially 0
