@@ -222,7 +222,8 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     final = jax.tree_util.tree_map(np.asarray, state.params)
     summary: dict[str, Any] = {"steps": steps, "tasks_per_step": int(rl["tasks_per_step"]),
                                "group_size": int(rl["group_size"]), "rollouts": steps * int(rl["tasks_per_step"]) * int(rl["group_size"]),
-                               "final_version": version, "family_dir": fam["dir"]}
+                               "final_version": version, "family_dir": fam["dir"],
+                               "trained_tasks": list(stream.used)}  # in training order (sft_matched.tasks_from)
     if rl["eval"]["enabled"]:
         save_policy(os.path.join(out_dir, "policy_final"), final, cfg, tokenizer)
         t0 = time.time()

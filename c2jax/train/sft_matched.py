@@ -5,8 +5,17 @@ held-out pass@1 beats it, the lift is RL's and not just more supervised data.
 
     python experiments/run.py --config experiments/configs/rl_quickstart.py:sft_matched --workdir runs/sft_matched
 
-Config: ``config.sft_matched = dict(max_wall_s=..., max_steps=..., peak_lr=..., batch_size=...)``;
-``max_wall_s`` should be the RL stage's measured ``time.rl_s`` (training time, evaluations excluded).
+Config: ``config.sft_matched = dict(max_wall_s=..., max_steps=..., peak_lr=..., batch_size=...,
+tasks_from=...)``; ``max_wall_s`` should be the RL stage's measured ``time.rl_s`` (training time,
+evaluations excluded).
+
+Which demonstrations: those of the tasks the RL stage trains on, no others (RL takes
+``steps x tasks_per_step`` tasks from a single-epoch stream, not the whole train split):
+``tasks_from`` = an RL run's workdir (or its ``rl/summary.json``) uses that run's ``trained_tasks``,
+exactly; ``tasks_from=None`` uses the first ``steps x tasks_per_step`` tasks of the stream's seeded
+order, which are RL's tasks until hard-task upsampling starts (``rl.curriculum.upsample_after_step``)
+and the pool it picks among afterwards, so a few may differ. Tasks the scripted expert cannot
+demonstrate have no demonstration, for the control as for the cold start.
 """
 from __future__ import annotations
 
@@ -21,7 +30,29 @@ import numpy as np
 from c2jax.config import Checker, ConfigError, register_validator, to_plain
 from c2jax.train.stages import STAGES
 
-SFT_MATCHED_DEFAULTS = dict(max_wall_s=600.0, max_steps=100000, peak_lr=3e-4, batch_size=4)
+SFT_MATCHED_DEFAULTS = dict(max_wall_s=600.0, max_steps=100000, peak_lr=3e-4, batch_size=4, tasks_from=None)
+
+
+def _trained_tasks_path(tasks_from: str) -> str:
+    """An RL run's workdir, its rl/ directory or its summary.json -> the summary.json path."""
+    for cand in (tasks_from, os.path.join(tasks_from, "summary.json"), os.path.join(tasks_from, "rl", "summary.json")):
+        if os.path.isfile(cand):
+            return cand
+    return os.path.join(tasks_from, "rl", "summary.json")
+
+
+def rl_trained_task_ids(tasks_from: str) -> list[str]:
+    """The ``trained_tasks`` an RL run's summary.json records (ValueError naming the file if absent)."""
+    path = _trained_tasks_path(tasks_from)
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"no RL summary with trained_tasks at {path} ({type(e).__name__})") from None
+    ids = d.get("trained_tasks") or (d.get("rl") or {}).get("trained_tasks") if isinstance(d, dict) else None
+    if not ids:
+        raise ValueError(f"{path} has no trained_tasks (expected an RL run's summary.json)")
+    return list(ids)
 
 
 @register_validator("sft_matched")
@@ -35,6 +66,14 @@ def validate_sft_matched(check: Checker, section: Any, full: Any) -> None:
     check.float_range(c, "peak_lr", 0.0, lo_open=True)
     check.int_range(c, "max_steps", 1)
     check.int_range(c, "batch_size", 1)
+    if c["tasks_from"] is not None:
+        if not isinstance(c["tasks_from"], str):
+            check.error("tasks_from", f"must be None or an RL run's workdir, got {c['tasks_from']!r}")
+        else:
+            try:
+                rl_trained_task_ids(c["tasks_from"])
+            except ValueError as e:
+                check.error("tasks_from", str(e))
 
 
 def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
@@ -48,8 +87,10 @@ def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     params0 = initial_params(config, rl, prev, cfg)
     trajs = demo_trajectories(config, fam, tokenizer, "train", int(rl["tasks"]["n_train"]),
                               style=resolve(config.get("agent_sft"))["demo_style"])  # the cold start's expert
+    wanted = matched_task_ids(fam, rl, seed, c["tasks_from"])
+    trajs = [t for t in trajs if t.task_id in wanted]
     if not trajs:
-        raise ConfigError([("sft_matched", "no demonstration of the train tasks succeeded")])
+        raise ConfigError([("sft_matched", "no demonstration of the RL stage's train tasks succeeded")])
     sc = dict(resolve(config.get("agent_sft")), batch_size=int(c["batch_size"]))
     t0 = time.time()
     params, tsum = train_on_demos(params0, cfg, trajs, sc, seed, out_dir, int(c["max_steps"]),
@@ -62,13 +103,25 @@ def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     after = evaluate(params, cfg, tokenizer, config, rl, eval_tasks, os.path.join(out_dir, "eval_after"), seed)
     res = after["results"]["overall"]
     k = int(rl["eval"]["k"])
-    summary = {"train": tsum, "train_s": train_s, "max_wall_s": float(c["max_wall_s"]),
+    summary = {"train": tsum, "train_s": train_s, "tasks_from": c["tasks_from"], "rl_tasks": len(wanted),
+               "demonstrated_tasks": len({t.task_id for t in trajs}), "max_wall_s": float(c["max_wall_s"]),
                "pass_at_1_after": res.get("pass@1"), f"pass_at_{k}_after": res.get(f"pass@{k}"),
                "pass_at_1_after_ci": res.get("pass@1_ci95"), "masked_rate_after": res.get("masked_rate"),
                "eval_command": eval_command(fam["dir"], os.path.join(out_dir, "policy_final"), rl, seed, "OUT")}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
     return prev, summary
+
+
+def matched_task_ids(fam: dict, rl: dict, seed: int, tasks_from: str | None) -> set[str]:
+    """The ids of the tasks the RL stage trains on (see the module docstring)."""
+    if tasks_from is not None:
+        return set(rl_trained_task_ids(tasks_from))
+    from c2jax.train.rl_family import load_split
+    from c2jax.train.rl_tasks import TaskStream
+
+    order = TaskStream(load_split(fam, "train"), seed=seed).order
+    return set(order[: int(rl["steps"]) * int(rl["tasks_per_step"])])
 
 
 @STAGES.register("sft_matched")

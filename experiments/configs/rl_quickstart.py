@@ -27,7 +27,7 @@ Presets (after ':'):
     no_replay     learner forward without router replay
     q0            linear length penalty (q = 0) instead of the concave one
     w_reinforce   successes weighted 0.1 against failures in the advantages (rl.advantage.positive_weight)
-    sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of the train tasks
+    sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
 of them can be overridden: ``--config.rl.group_size=4``, ``--config.rl.rewards.length.q=0.5``, ...
@@ -174,5 +174,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
         # over scripted demonstrations of the same train tasks; evaluated like the RL stage.
         config.stages = ["cpt", "agent_sft", "sft_matched"]
-        config.sft_matched = dict(max_wall_s=SFT_MATCHED_WALL_S, max_steps=100000, peak_lr=3e-4, batch_size=4)
+        # tasks_from=None: the first steps x tasks_per_step tasks of the RL stream's order; an RL run's
+        # workdir (--config.sft_matched.tasks_from=runs/rl) takes exactly the tasks that run trained on.
+        config.sft_matched = dict(max_wall_s=SFT_MATCHED_WALL_S, max_steps=100000, peak_lr=3e-4, batch_size=4,
+                                  tasks_from=placeholder(str))
     return config
