@@ -67,14 +67,22 @@ def _run_agent(a) -> int:
             from c2jax.envs.pool import SandboxPool
 
             pool = SandboxPool(max_concurrency=a.max_sandboxes, max_queue=max(256, a.max_in_flight))
+        grade_fn = None
+        if not a.no_grade_cache:
+            from c2jax.envs.grade_cache import GradeCache
+            from c2jax.envs.grading import grade
+
+            grade_fn = GradeCache(grade)  # a repeated (task, diff) is graded once (clean verdicts only)
         summary = run_agent_suite(tasks, setup, out, k=a.k, ks=ks, max_in_flight=a.max_in_flight, pool=pool,
-                                  resume=not a.fresh, progress=True if sys.stderr.isatty() else None,
+                                  grade_fn=grade_fn, resume=not a.fresh, progress=True if sys.stderr.isatty() else None,
                                   title=f"{a.policy} on {os.path.basename(a.suite.rstrip('/'))}")
     finally:
         if pool is not None:
             pool.close()
         setup.close()
     print(summary["table"])
+    if grade_fn is not None:
+        print(f"grading: {grade_fn.stats()} (--no-grade-cache grades every sample)")
     print(f"results: {out}/results.json, per-task rows: {out}/tasks.jsonl")
     return 0
 
@@ -123,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--max-len", type=int, default=8192, help="engine: tokens per context")
     g.add_argument("--max-sandboxes", type=int, default=None,
                    help="bound running sandboxes with a SandboxPool (default: one per episode in flight)")
+    g.add_argument("--no-grade-cache", action="store_true",
+                   help="grade every sample (default: each distinct (task, diff) once; c2jax.envs.grade_cache)")
     g.add_argument("--agent-config", default=None, help="experiments/configs/NAME.py[:preset]: its config.agent")
     g.add_argument("--ks", default=None, help="pass@k reported, e.g. 1,8 (default: 1 and --k)")
     p = sub.add_parser("compare", help="paired bootstrap of pass@k between two runs (tasks matched by id)")

@@ -38,7 +38,7 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     keep_checkpoints=2,
     log_every=1,
     replay_metrics=True,  # also run the learner without replay to measure mismatch and route flips
-    grade_cache=True,  # grade each distinct (task, diff) once per run / evaluation (c2jax.train.grade_cache)
+    grade_cache=True,  # grade each distinct (task, diff) once per run / evaluation (c2jax.envs.grade_cache)
     # Single-epoch task stream; after `upsample_after_step`, tasks are drawn with weights from the
     # heuristics of their (earlier) rollouts: mean turns and thinking tokens (report 3.2).
     curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),

@@ -111,7 +111,7 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.checkpoint import Checkpointer
     from c2jax.train.metrics import MetricsLogger, Progress
     from c2jax.train.rl_family import ensure_family, load_split, make_harness
-    from c2jax.train.grade_cache import GradeCache
+    from c2jax.envs.grade_cache import GradeCache
     from c2jax.train.rl_learner import make_learner
     from c2jax.train.rl_rollouts import grade_validated
     from c2jax.train.rl_report import write_report

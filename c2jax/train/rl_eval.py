@@ -3,7 +3,7 @@
 `evaluate(params, ...)` runs the sampling engine + harness + grader on held-out tasks and returns
 {"rows", "results"}; the RL stage (before / after), `sft_matched` and the difficulty sweep
 (`c2jax.train.rl_difficulty`) all score policies through it, so their figures are comparable.
-Grading is memoised per evaluation on (task, diff) (`c2jax.train.grade_cache`; ``rl.grade_cache``):
+Grading is memoised per evaluation on (task, diff) (`c2jax.envs.grade_cache`; ``rl.grade_cache``):
 the verdicts are the grader's, the duplicates just are not re-run.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
     from c2jax.agent.policies import EnginePolicy
     from c2jax.bench.agent_eval import evaluate_agent, summarize_agent
     from c2jax.sampling import Engine, EngineConfig
-    from c2jax.train.grade_cache import GradeCache
+    from c2jax.envs.grade_cache import GradeCache
     from c2jax.train.rl_family import make_harness
     from c2jax.train.rl_rollouts import grade_validated
 

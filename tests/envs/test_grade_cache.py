@@ -9,7 +9,7 @@ import types
 import pytest
 
 from c2jax.envs.grading import GradeResult
-from c2jax.train.grade_cache import GradeCache, reusable
+from c2jax.envs.grade_cache import GradeCache, reusable
 
 
 def _task(i: str):
