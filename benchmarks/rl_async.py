@@ -192,11 +192,12 @@ def real_part(args) -> dict:
         state, version = TrainState.create(params, learner.tx), 0
         try:
             t0 = time.monotonic()
-            busy, hist = 0.0, {}
+            busy, hist, trained = 0.0, {}, 0
             for step in range(1 if warm else args.steps):
                 out = rl_step(ctx, state, stream.take(tps, step), step=step, version=version, engine_version=version)
                 state, version = out.state, out.version
                 busy += out.metrics["time/learner_s"] + out.metrics["time/diagnostics_s"]
+                trained += len(out.samples)
                 for k, v in out.metrics.items():
                     if k.startswith("staleness/hist/"):
                         hist[int(k.rsplit("/", 1)[1])] = hist.get(int(k.rsplit("/", 1)[1]), 0) + int(v)
@@ -204,7 +205,8 @@ def real_part(args) -> dict:
         finally:
             ctx.engine.shutdown()
             pool.close()
-        return {"wall_s": wall, "trainer_idle": 1 - busy / wall, "staleness_hist": hist}
+        return {"wall_s": wall, "trainer_idle": 1 - busy / wall, "staleness_hist": hist, "trained": trained,
+                "tasks": sorted(stream.used)}
 
     class RecordingTrainer(Trainer):
         def __init__(self, c: RLContext, into: list) -> None:
@@ -234,7 +236,8 @@ def real_part(args) -> dict:
             pool.close()
         sm = run.summary()
         return {"wall_s": sm["wall_s"], "trainer_idle": sm["trainer_idle_fraction"],
-                "staleness_hist": sm["staleness_hist"], "ledger": sm["ledger"]}
+                "staleness_hist": sm["staleness_hist"], "ledger": sm["ledger"], "trained": sm["ledger"]["trained"],
+                "tasks": sorted(stream.used)}
 
     # One untimed synchronous step compiles the engine and the learner's row buckets. Then each repeat
     # runs the three arms on the SAME tasks (a fresh single-epoch stream over the repeat's slice, same
@@ -255,6 +258,13 @@ def real_part(args) -> dict:
             else:
                 row[arm] = run_async(stream, grade, arm == "async", records[arm],
                                      os.path.join(args.workdir, f"{arm}_r{rep}"))
+        # The arms did the same work: the same tasks, every sample trained once, nothing dropped.
+        want = args.steps * tps * args.group_size
+        for arm in arms:
+            if row[arm]["trained"] != want or row[arm]["tasks"] != row["sync"]["tasks"]:
+                raise RuntimeError(f"repeat {rep}: arm {arm} trained {row[arm]['trained']} samples of "
+                                   f"{len(row[arm]['tasks'])} tasks, sync {want} of {len(row['sync']['tasks'])}: "
+                                   "the wall times would not compare the same work")
         row["wall_ratio"] = row["async"]["wall_s"] / row["sync"]["wall_s"]
         row["wall_ratio_no_inflight"] = row["async_no_inflight"]["wall_s"] / row["sync"]["wall_s"]
         repeats.append(row)
