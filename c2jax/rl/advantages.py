@@ -14,6 +14,11 @@ in a group are (nearly) equally good the std is tiny and the division blows smal
 differences up to unit-size advantages (tests/rl/test_rl_advantages.py shows the scale blow-up),
 and it reweights prompts by 1 / std, which biases the gradient towards too-easy and too-hard prompts.
 
+``k`` > 1 (``grpo`` only) first replaces each reward by its max-of-k transform (max_at_k.py): the
+mean of max(r_S) over the k-subsets of the group containing the sample, which trains best-of-k
+(pass@k) instead of the mean reward (Walder & Karkhanis 2025 PKPO; Chen et al. 2025). k = 1 is
+plain GRPO.
+
 Masking (every case reported in the metrics, never a NaN):
 * `valid` = 0 (N-axis padding, infrastructure failures): excluded from the baseline, advantage 0.
 * non-finite reward: treated as invalid, counted in ``adv/nonfinite_rewards``.
@@ -29,6 +34,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from c2jax.rl.max_at_k import max_at_k_rewards
 from c2jax.registry import Registry
 
 ADVANTAGES: Registry = Registry("rl_advantage")
@@ -89,10 +95,14 @@ def _finish(adv, g: _Groups, *, std_normalize, std_eps, scale, positive_weight, 
 @ADVANTAGES.register("grpo")
 def grpo_advantages(rewards: jax.Array, group_index: jax.Array, valid: jax.Array, *,
                     std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0,
-                    positive_weight: float = 1.0):
+                    positive_weight: float = 1.0, k: int = 1):
     """A_i = scale * w_i * (R_i - mean of i's group) [/ std]; w_i = positive_weight where the centred
-    value is > 0, else 1. rewards, group_index, valid: [N] -> ([N], metrics)."""
+    value is > 0, else 1; with k > 1, R_i is first replaced by its max-of-k transform (trains pass@k).
+    rewards, group_index, valid: [N] -> ([N], metrics)."""
     g = _groups(rewards, group_index, valid)
+    if int(k) != 1:
+        s = max_at_k_rewards(rewards, g.gi, g.ok, int(k))  # [N]
+        g = _groups(jnp.where(g.ok, s, jnp.nan), group_index, valid)  # same ok set, transformed rewards
     adv = g.r - g.sum_i / jnp.maximum(g.count_i, 1.0)
     return _finish(adv, g, std_normalize=std_normalize, std_eps=std_eps, scale=scale,
                    positive_weight=positive_weight, rewards=rewards, valid=valid)
@@ -101,9 +111,11 @@ def grpo_advantages(rewards: jax.Array, group_index: jax.Array, valid: jax.Array
 @ADVANTAGES.register("rloo")
 def rloo_advantages(rewards: jax.Array, group_index: jax.Array, valid: jax.Array, *,
                     std_normalize: bool = False, std_eps: float = 1e-6, scale: float = 1.0,
-                    positive_weight: float = 1.0):
+                    positive_weight: float = 1.0, k: int = 1):
     """A_i = scale * w_i * (R_i - mean of the *other* members of i's group) [/ std] (w_i as in grpo).
-    [N] -> ([N], metrics)."""
+    [N] -> ([N], metrics). k must be 1 (the max-of-k transform is implemented for ``grpo`` only)."""
+    if int(k) != 1:
+        raise ValueError(f"rloo supports advantage.k = 1 only (got {k}); use advantage.name='grpo' for max-of-k")
     g = _groups(rewards, group_index, valid)
     adv = g.r - (g.sum_i - g.r) / jnp.maximum(g.count_i - 1.0, 1.0)
     return _finish(adv, g, std_normalize=std_normalize, std_eps=std_eps, scale=scale,

@@ -97,6 +97,15 @@ def validate_rl(check: Checker, rl: Any, full: Any) -> None:
             _num(check, "advantage.std_eps", kw["std_eps"], lo=0.0, lo_open=True)
         if "positive_weight" in kw:
             _num(check, "advantage.positive_weight", kw["positive_weight"], lo=0.0)
+        if "k" in kw:
+            kk, g = kw["k"], c["group_size"]
+            if isinstance(kk, bool) or not isinstance(kk, int) or kk < 1:
+                check.error("advantage.k", f"must be an integer >= 1 (1 = plain mean reward), got {kk!r}")
+            elif adv[0] == "rloo" and kk != 1:
+                check.error("advantage.k", f"rloo supports k = 1 only, got {kk}; use advantage.name='grpo' for max-of-k")
+            elif isinstance(g, int) and not isinstance(g, bool) and kk >= g:
+                check.error("advantage.k", f"must be < group_size ({g}): with k >= G every sample's max-of-k "
+                            f"is the group max and all advantages are 0, got {kk}")
 
     obj = _named(check, "objective", c["objective"], POLICY_LOSSES)
     if obj:

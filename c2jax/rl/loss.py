@@ -43,7 +43,7 @@ DEFAULT_RL_CONFIG: dict[str, Any] = dict(
     group_size=8,  # rollouts per prompt (used by the sampler; the loss handles any group size >= 2)
     behaviour_logprobs="sampling",  # which sampler logprob the ratios use: "sampling" or "raw" (see below)
     overlong_mask=False,  # DAPO-style masking of truncated rollouts; the report found no benefit
-    advantage=dict(name="grpo", std_normalize=False, scale=1.0, positive_weight=1.0),
+    advantage=dict(name="grpo", std_normalize=False, scale=1.0, positive_weight=1.0, k=1),
     objective=dict(name="pg", tis_cap=None),
     aggregation=dict(name="constant", constant=None),
     kl=dict(coef=0.0, estimator="k1", placement="reward", log_ratio_clip=20.0),

@@ -27,6 +27,7 @@ Presets (after ':'):
     no_replay     learner forward without router replay
     q0            linear length penalty (q = 0) instead of the concave one
     w_reinforce   successes weighted 0.1 against failures in the advantages (rl.advantage.positive_weight)
+    pass_at_k     best-of-2 objective: rewards replaced by their max-of-k transform, k = 2 (rl.advantage.k)
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
@@ -39,7 +40,8 @@ from c2jax.agent.config import agent_config_dict
 from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
-PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "sft_matched")
+PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "pass_at_k",
+           "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -71,8 +73,9 @@ def _rl(**over) -> dict:
         group_size=8,
         behaviour_logprobs="sampling",
         overlong_mask=False,
-        # positive_weight < 1 weights successes below failures (W-REINFORCE; preset `w_reinforce`: 0.1)
-        advantage=dict(name="grpo", std_normalize=False, scale=1.0, positive_weight=1.0),
+        # positive_weight < 1 weights successes below failures (W-REINFORCE; preset `w_reinforce`: 0.1);
+        # k > 1 trains best-of-k: each reward becomes its max-of-k transform (preset `pass_at_k`: 2)
+        advantage=dict(name="grpo", std_normalize=False, scale=1.0, positive_weight=1.0, k=1),
         objective=dict(name="pg", tis_cap=placeholder(float)),
         aggregation=dict(name="constant", constant=placeholder(float)),
         kl=dict(coef=0.0, estimator="k1", placement="reward", log_ratio_clip=20.0),
@@ -170,6 +173,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.rewards.length.q = 0.0
     elif arg == "w_reinforce":
         config.rl.advantage.positive_weight = 0.1
+    elif arg == "pass_at_k":
+        config.rl.advantage.k = 2
     elif arg == "sft_matched":
         # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
         # over scripted demonstrations of the same train tasks; evaluated like the RL stage.
