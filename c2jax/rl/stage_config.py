@@ -19,6 +19,9 @@ from typing import Any, Mapping
 RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     steps=16,  # optimizer steps of the RL stage
     tasks_per_step=4,  # prompts per step; each gets `group_size` rollouts
+    # optimizer updates per step, each on a minibatch of whole groups (1 = one update on the whole batch);
+    # minibatch j is j updates off-policy: pair > 1 with objective.tis_cap or ppo
+    minibatches=1,
     max_staleness=0,  # policy versions a sample may lag the learner at its update (0 = on-policy)
     learning_rate=1e-5,  # constant (after `warmup_steps`); full-parameter Adam
     warmup_steps=0,
@@ -116,7 +119,8 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     """Check the stage keys of the ``rl`` section (raw: the section as plain dicts)."""
     c = resolve_stage(raw)
     d = RL_STAGE_DEFAULTS
-    for key in ("steps", "tasks_per_step", "max_in_flight", "ckpt_every", "keep_checkpoints", "log_every"):
+    for key in ("steps", "tasks_per_step", "minibatches", "max_in_flight", "ckpt_every", "keep_checkpoints",
+                "log_every"):
         _int(check, key, c[key], 1)
     _int(check, "max_staleness", c["max_staleness"], 0)
     _int(check, "warmup_steps", c["warmup_steps"], 0)
@@ -210,6 +214,9 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
         if tasks["n_train"] < need:
             check.error("tasks.n_train", f"a single-epoch stream of {need} tasks (steps x tasks_per_step) needs "
                         f"n_train >= {need}, got {tasks['n_train']}")
+    mbs, tps = c["minibatches"], c["tasks_per_step"]
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in (mbs, tps)) and mbs > tps:
+        check.error("minibatches", f"must be <= tasks_per_step ({tps}): a minibatch holds whole groups, got {mbs}")
     if isinstance(ev.get("n_tasks"), int) and isinstance(tasks.get("n_eval"), int) and ev.get("enabled"):
         if ev["n_tasks"] > tasks["n_eval"]:
             check.error("eval.n_tasks", f"must be <= tasks.n_eval ({tasks['n_eval']}), got {ev['n_tasks']}")

@@ -104,6 +104,46 @@ class LearnOutput:
     logp: Any = None  # [rows, L] the learner's logprobs of batch['targets'] before the update (diagnostics)
 
 
+def group_chunks(trajs: Sequence[Any], n_chunks: int) -> list[list[Any]]:
+    """Split trajectories into `n_chunks` contiguous runs of whole groups (group_id, first-appearance
+    order), as equal in group count as possible; never splits a group (its baseline needs all of it)."""
+    order: dict[str, list[Any]] = {}
+    for t in trajs:
+        order.setdefault(t.group_id, []).append(t)
+    groups = list(order.values())
+    n_chunks = max(1, min(n_chunks, len(groups)))
+    bounds = np.linspace(0, len(groups), n_chunks + 1).round().astype(int)
+    return [[t for g in groups[a:b] for t in g] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def _minibatch_updates(ctx: RLContext, state: TrainState, trajs: Sequence[Any], n_mb: int,
+                       version: int) -> tuple[TrainState, dict[str, float]]:
+    """``rl.minibatches`` > 1: one optimizer update per minibatch of whole groups, in order (PPO-style
+    minibatching: more updates per sampled batch at the same learner compute). Minibatch j is j updates
+    off-policy; the objective's importance ratio (``objective.tis_cap`` or ``ppo``) corrects for it.
+    Each minibatch is padded to the same shape (one jit compile), its reference logprobs computed on
+    it. Returns the new state and the learner metrics averaged over the minibatches."""
+    rl = ctx.rl
+    chunks = group_chunks(trajs, n_mb)
+    per = max(len(c) for c in chunks)
+    probes = [pad_batch(c, int(rl["max_len"]), reward_names=ctx.reward_names) for c in chunks]
+    rows = _rows_bucket(max(p["tokens"].shape[0] for p in probes))
+    has_routes = all("routes" in p for p in probes)
+    sums: dict[str, float] = {}
+    for chunk in chunks:
+        mb = pad_batch(chunk, int(rl["max_len"]), num_rows=rows, max_trajectories=per, reward_names=ctx.reward_names)
+        ref = None
+        if ctx.ref_params is not None:
+            lr, _ = ctx.learner.logp(ctx.ref_params, mb, replay=bool(rl["router_replay"]) and has_routes)
+            ref = np.asarray(lr)
+        state, m = ctx.learner.update(state, mb, ref, version)
+        for k, v in jax.device_get(m).items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    out = {k: v / len(chunks) for k, v in sums.items()}
+    out["learner/minibatches"] = float(len(chunks))
+    return state, out
+
+
 def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version: int) -> LearnOutput:
     """Steps 2-4 of `rl_step` on already graded (and staleness-checked) samples: `pad_batch`,
     diagnostics and reference logprobs, one learner update at policy `version`. The synchronous step
@@ -138,13 +178,17 @@ def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version:
             own = aux["routes"] if rl["router_replay"] else aux_main["routes"]  # the learner's own choice
             seg_mask = (batch["segment_ids"] > 0).astype(np.float32)
             diag["route_flip_rate"] = route_flip_rate(np.asarray(own), batch["routes"], seg_mask)
-    if ctx.ref_params is not None:
+    if ctx.ref_params is not None and int(rl.get("minibatches", 1)) <= 1:  # minibatches: per minibatch
         lr, _ = ctx.learner.logp(ctx.ref_params, batch, replay=bool(rl["router_replay"]) and has_routes)
         logp_ref = np.asarray(lr)
     diag_s = time.monotonic() - t0
     t0 = time.monotonic()
-    state, m = ctx.learner.update(state, batch, logp_ref, version)
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    n_mb = int(rl.get("minibatches", 1))
+    if n_mb <= 1:
+        state, m = ctx.learner.update(state, batch, logp_ref, version)
+        m = {k: float(v) for k, v in jax.device_get(m).items()}
+    else:
+        state, m = _minibatch_updates(ctx, state, trajs, n_mb, version)
     learner_s = time.monotonic() - t0
     metrics: dict[str, float] = dict(m)
     metrics.update(diag)

@@ -89,6 +89,7 @@ def _rl(**over) -> dict:
         # --- the stage (c2jax.rl.stage_config) ---
         steps=16,
         tasks_per_step=4,
+        minibatches=1,  # > 1: that many updates per step on minibatches of whole groups (pair with tis_cap)
         max_staleness=0,
         learning_rate=3e-4,
         warmup_steps=0,

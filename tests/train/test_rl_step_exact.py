@@ -174,3 +174,51 @@ def test_version_increments_and_later_tokens_carry_it(stepped):
           zip(seg.policy_versions, seg.loss_mask) if m}
     assert vs <= {0}
     assert out.metrics["staleness/hist/0"] > 0 and out.metrics["time/learner_s"] > 0
+
+
+def test_group_chunks_keep_whole_groups_in_order():
+    from types import SimpleNamespace
+
+    from c2jax.train.rl_step import group_chunks
+
+    trajs = [SimpleNamespace(group_id=g, i=i) for i, g in enumerate("aaabbbcccddd")]
+    chunks = group_chunks(trajs, 2)
+    assert [[t.i for t in c] for c in chunks] == [list(range(6)), list(range(6, 12))]
+    assert len(group_chunks(trajs, 9)) == 4  # never more chunks than groups
+    assert [len(c) for c in group_chunks(trajs, 3)] in ([3, 6, 3], [6, 3, 3], [3, 3, 6])
+    assert group_chunks(trajs, 1)[0] == trajs
+
+
+def test_minibatches_equal_successive_updates_on_each_group(stepped):
+    """rl.minibatches=2 on two groups = one full-batch update on group A's samples, then one on B's
+    (advantages are per group, so a minibatch of whole groups sees exactly its own advantages)."""
+    import copy
+    from types import SimpleNamespace
+
+    from c2jax.train.rl_step import _minibatch_updates
+    from c2jax.train.state import TrainState
+
+    trajs = [s.trajectory for s in stepped["out"].samples if not s.mask_reason]
+    if len(trajs) < 4:
+        pytest.skip("fewer than 4 live rollouts")
+    a = [copy.deepcopy(t) for t in trajs[:4]]
+    b = [copy.deepcopy(t) for t in trajs[:4]]
+    for t, r in zip(a, [1.0, 0.0, 0.0, 0.0]):
+        t.group_id, t.reward_terms["task"] = "A", r
+    for t, r in zip(b, [0.0, 1.0, 1.0, 0.0]):
+        t.group_id, t.reward_terms["task"] = "B", r
+    learner, params = stepped["learner"], stepped["params"]
+    rl = dict(stepped["rl"], minibatches=2)
+    ctx = SimpleNamespace(rl=rl, learner=learner, ref_params=None, reward_names=("task", "reward"))
+    state0 = TrainState.create(params, learner.tx)
+    got, m = _minibatch_updates(ctx, state0, a + b, 2, version=0)
+    assert int(got.step) == 2 and m["learner/minibatches"] == 2.0
+    rows = max(_batch(a)["tokens"].shape[0], _batch(b)["tokens"].shape[0])
+    rows = max(4, -(-rows // 4) * 4)
+    want, _ = learner.update(state0, _batch(a, rows))
+    want, _ = learner.update(want, _batch(b, rows))
+    for x, y in zip(jax.tree_util.tree_leaves(got.params), jax.tree_util.tree_leaves(want.params)):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-8)
+    moved = sum(float(jnp.abs(x - y).sum()) for x, y in zip(jax.tree_util.tree_leaves(got.params),
+                                                            jax.tree_util.tree_leaves(params)))
+    assert moved > 0
