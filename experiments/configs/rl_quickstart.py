@@ -19,7 +19,8 @@ SFT policy and the final RL policy on the held-out split (pass@1 and pass@8 with
 paired differences) with the same command; see ``runs/rl/rl/report.md``.
 
 Presets (after ':'):
-    default       the run above (16 steps x 4 tasks x 8 rollouts = 512 graded rollouts)
+    default       the run above (16 steps x 4 tasks x 8 rollouts = 512 graded rollouts; best-of-2
+                  advantages, rl.advantage.k = 2: the group-mean baseline over max-of-2 rewards)
     smoke         a tiny model and a few steps of each stage (the default tests run it)
     std_norm      advantages divided by the group std (GRPO; the report's Dr. GRPO leaves it off)
     token_mean    loss averaged per token over the batch instead of a constant normaliser
@@ -27,7 +28,7 @@ Presets (after ':'):
     no_replay     learner forward without router replay
     q0            linear length penalty (q = 0) instead of the concave one
     w_reinforce   successes weighted 0.1 against failures in the advantages (rl.advantage.positive_weight)
-    pass_at_k     best-of-2 objective: rewards replaced by their max-of-k transform, k = 2 (rl.advantage.k)
+    mean_reward   rl.advantage.k = 1: the report's mean-reward GRPO advantage instead of the default best-of-2
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
@@ -40,7 +41,7 @@ from c2jax.agent.config import agent_config_dict
 from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
-PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "pass_at_k",
+PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
            "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
@@ -74,8 +75,9 @@ def _rl(**over) -> dict:
         behaviour_logprobs="sampling",
         overlong_mask=False,
         # positive_weight < 1 weights successes below failures (W-REINFORCE; preset `w_reinforce`: 0.1);
-        # k > 1 trains best-of-k: each reward becomes its max-of-k transform (preset `pass_at_k`: 2)
-        advantage=dict(name="grpo", std_normalize=False, scale=1.0, positive_weight=1.0, k=1),
+        # k = 2 trains best-of-2: each reward becomes the mean of max(reward) over the pairs of its group
+        # that hold it (c2jax/rl/max_at_k.py); preset `mean_reward`: k = 1, the report's plain GRPO
+        advantage=dict(name="grpo", std_normalize=False, scale=1.0, positive_weight=1.0, k=2),
         objective=dict(name="pg", tis_cap=placeholder(float)),
         aggregation=dict(name="constant", constant=placeholder(float)),
         kl=dict(coef=0.0, estimator="k1", placement="reward", log_ratio_clip=20.0),
@@ -157,7 +159,9 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
                                      tools={"enabled": TOYFIX_TOOLS, "strict": False, "compact_declarations": True, "cmd_timeout_s": 20.0,
                                             "output_max_chars": 600, "read_max_lines": 60})
     if smoke:
+        # groups of 2: best-of-2 would give every sample its group's max (zero advantage), so k = 1
         config.rl = _rl(group_size=2, steps=2, tasks_per_step=2, max_in_flight=4, ckpt_every=1,
+                        advantage=dict(k=1),
                         tasks=dict(n_train=4, n_eval=4, n_demo=6), curriculum=dict(upsample_after_step=1),
                         eval=dict(k=2, n_tasks=4, max_in_flight=8, difficulties=(1,)))
     else:
@@ -174,8 +178,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.rewards.length.q = 0.0
     elif arg == "w_reinforce":
         config.rl.advantage.positive_weight = 0.1
-    elif arg == "pass_at_k":
-        config.rl.advantage.k = 2
+    elif arg == "mean_reward":
+        config.rl.advantage.k = 1
     elif arg == "sft_matched":
         # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
         # over scripted demonstrations of the same train tasks; evaluated like the RL stage.
