@@ -189,6 +189,7 @@ def test_group_chunks_keep_whole_groups_in_order():
     assert group_chunks(trajs, 1)[0] == trajs
 
 
+@pytest.mark.slow  # ~20 s of learner compiles and updates; the default run keeps test_group_chunks_*
 def test_minibatches_equal_successive_updates_on_each_group(stepped):
     """rl.minibatches=2 on two groups = one full-batch update on group A's samples, then one on B's
     (advantages are per group, so a minibatch of whole groups sees exactly its own advantages)."""
