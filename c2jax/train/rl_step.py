@@ -116,20 +116,33 @@ def group_chunks(trajs: Sequence[Any], n_chunks: int) -> list[list[Any]]:
     return [[t for g in groups[a:b] for t in g] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
+_COUNT_KEYS = ("adv/used_samples", "adv/small_groups", "adv/zero_std_groups", "adv/nonfinite_rewards")
+
+
+def _combine(key: str, values: list[float]) -> float:
+    """One step's value of a learner metric reported once per minibatch."""
+    if key.startswith("batch/") or key in _COUNT_KEYS:
+        return float(sum(values))
+    if key.endswith("max"):
+        return float(max(values))
+    return float(sum(values) / len(values))
+
+
 def _minibatch_updates(ctx: RLContext, state: TrainState, trajs: Sequence[Any], n_mb: int,
                        version: int) -> tuple[TrainState, dict[str, float]]:
     """``rl.minibatches`` > 1: one optimizer update per minibatch of whole groups, in order (PPO-style
     minibatching: more updates per sampled batch at the same learner compute). Minibatch j is j updates
     off-policy; the objective's importance ratio (``objective.tis_cap`` or ``ppo``) corrects for it.
     Each minibatch is padded to the same shape (one jit compile), its reference logprobs computed on
-    it. Returns the new state and the learner metrics averaged over the minibatches."""
+    it. Returns the new state and the learner metrics over the minibatches: counts (``batch/*`` and the
+    ``adv/`` sample and group counts) summed, maxima maximised, everything else averaged."""
     rl = ctx.rl
     chunks = group_chunks(trajs, n_mb)
     per = max(len(c) for c in chunks)
     probes = [pad_batch(c, int(rl["max_len"]), reward_names=ctx.reward_names) for c in chunks]
     rows = _rows_bucket(max(p["tokens"].shape[0] for p in probes))
     has_routes = all("routes" in p for p in probes)
-    sums: dict[str, float] = {}
+    per_mb: list[dict[str, float]] = []
     for chunk in chunks:
         mb = pad_batch(chunk, int(rl["max_len"]), num_rows=rows, max_trajectories=per, reward_names=ctx.reward_names)
         ref = None
@@ -137,9 +150,8 @@ def _minibatch_updates(ctx: RLContext, state: TrainState, trajs: Sequence[Any], 
             lr, _ = ctx.learner.logp(ctx.ref_params, mb, replay=bool(rl["router_replay"]) and has_routes)
             ref = np.asarray(lr)
         state, m = ctx.learner.update(state, mb, ref, version)
-        for k, v in jax.device_get(m).items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-    out = {k: v / len(chunks) for k, v in sums.items()}
+        per_mb.append({k: float(v) for k, v in jax.device_get(m).items()})
+    out = {k: _combine(k, [m[k] for m in per_mb]) for k in per_mb[0]}
     out["learner/minibatches"] = float(len(chunks))
     return state, out
 
@@ -178,12 +190,12 @@ def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version:
             own = aux["routes"] if rl["router_replay"] else aux_main["routes"]  # the learner's own choice
             seg_mask = (batch["segment_ids"] > 0).astype(np.float32)
             diag["route_flip_rate"] = route_flip_rate(np.asarray(own), batch["routes"], seg_mask)
-    if ctx.ref_params is not None and int(rl.get("minibatches", 1)) <= 1:  # minibatches: per minibatch
+    n_mb = int(rl.get("minibatches", 1))
+    if ctx.ref_params is not None and n_mb <= 1:  # with minibatches: computed per minibatch
         lr, _ = ctx.learner.logp(ctx.ref_params, batch, replay=bool(rl["router_replay"]) and has_routes)
         logp_ref = np.asarray(lr)
     diag_s = time.monotonic() - t0
     t0 = time.monotonic()
-    n_mb = int(rl.get("minibatches", 1))
     if n_mb <= 1:
         state, m = ctx.learner.update(state, batch, logp_ref, version)
         m = {k: float(v) for k, v in jax.device_get(m).items()}

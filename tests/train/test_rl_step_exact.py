@@ -214,6 +214,7 @@ def test_minibatches_equal_successive_updates_on_each_group(stepped):
     state0 = TrainState.create(params, learner.tx)
     got, m = _minibatch_updates(ctx, state0, a + b, 2, version=0)
     assert int(got.step) == 2 and m["learner/minibatches"] == 2.0
+    assert m["batch/trajectories"] == 8.0  # counts add up over the minibatches
     rows = max(_batch(a)["tokens"].shape[0], _batch(b)["tokens"].shape[0])
     rows = max(4, -(-rows // 4) * 4)
     want, _ = learner.update(state0, _batch(a, rows))
