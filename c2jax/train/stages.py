@@ -48,49 +48,90 @@ def write_summary(workdir: str, summary: dict) -> str:
     return atomic_write_json(os.path.join(workdir, "summary.json"), summary, indent=2, sort_keys=True, default=str)
 
 
-def build_cache(config: Any) -> tuple[list[str], str | None, Any]:
+# Config sections a cached build stage after the first reads on top of what the earlier stages read:
+# its own section (`config.<name>`) and these. Every section no later build stage claims keys the
+# first stage, so changing it rebuilds everything (the safe default for a section nobody declared).
+BUILD_STAGE_EXTRA_SECTIONS: dict[str, tuple[str, ...]] = {
+    "agent_sft": ("agent", "rl_tasks"),  # the harness the demonstrations run in, the family they come from
+}
+
+
+def _digest(obj: Any) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def build_cache(config: Any) -> tuple[list[str], dict[str, str], Any]:
     """Cached build stages: ``config.build = {stages: [...], dir: 'runs/cache', seed: 0}``.
 
-    The listed stages (a prefix of `config.stages`, e.g. cpt and agent_sft) run in a directory
-    content-addressed by everything in the config except ``seed``, ``build.dir``, the sections of the
-    later stages and ``rl`` (but ``rl.tasks``, the task family the demonstrations come from), with ``seed`` replaced by ``build.seed``; so a second seed (which changes the RL stage
-    only) finds them finished and reuses them. Returns (stages, directory, the build config)."""
+    The listed stages (a prefix of `config.stages`, e.g. cpt and agent_sft) run in directories
+    content-addressed stage by stage, with ``seed`` replaced by ``build.seed``, so a second seed
+    (which changes the RL stage only) finds them finished and reuses them:
+
+    - the first stage's directory, ``<dir>/build/<hash>``, is keyed by everything in the config except
+      ``seed``, ``build.dir``, the sections of the stages after the build and ``rl`` (but ``rl.tasks``,
+      the task family the demonstrations come from) and the sections the later build stages own;
+    - each later build stage runs in ``<previous stage's directory>/<name>-<hash>``, keyed by its own
+      section and its `BUILD_STAGE_EXTRA_SECTIONS` (agent_sft: ``agent_sft``, ``agent``, ``rl.tasks``).
+
+    So ``--config.agent_sft.steps=450`` reuses the CPT checkpoint and reruns SFT only, while a change
+    to ``model`` or ``train`` rebuilds every stage. Returns (stages, {stage: directory}, build config)."""
     build = to_plain(config.get("build")) if hasattr(config, "get") else None
     if not build or not build.get("stages"):
-        return [], None, config
+        return [], {}, config
     import copy
-    import hashlib
 
     stages = list(build["stages"])
     later = {s for s in list(config.stages) if s not in stages}  # sections of the later stages (rl, ...)
     plain = {k: to_plain(v) for k, v in config.items() if k not in {"seed", "build", "stages", "rl"} | later}
     plain["rl_tasks"] = (to_plain(config.get("rl")) or {}).get("tasks")  # the task family the demos come from
-    plain["build_seed"], plain["build_stages"] = int(build.get("seed", 0)), stages
-    digest = hashlib.sha256(json.dumps(plain, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    owned = {s: (s,) + BUILD_STAGE_EXTRA_SECTIONS.get(s, ()) for s in stages[1:]}
+    claimed = {k for secs in owned.values() for k in secs}
+    first = {k: v for k, v in plain.items() if k not in claimed}
+    first["build_seed"], first["build_stage"] = int(build.get("seed", 0)), stages[0]
     root = build.get("dir") or os.path.join("runs", "cache")
+    dirs = {stages[0]: os.path.join(os.path.abspath(root), "build", _digest(first))}
+    for prev, name in zip(stages, stages[1:]):
+        own = {k: plain.get(k) for k in owned[name]}
+        dirs[name] = os.path.join(dirs[prev], f"{name}-{_digest(own)}")
     bcfg = copy.deepcopy(config)
     if hasattr(bcfg, "unlock"):
         with bcfg.unlocked():
             bcfg.seed = int(build.get("seed", 0))
     else:
         bcfg["seed"] = int(build.get("seed", 0))
-    return stages, os.path.join(os.path.abspath(root), "build", digest), bcfg
+    return stages, dirs, bcfg
+
+
+def _inherit_data_pin(stages: list[str], dirs: dict[str, str], name: str) -> None:
+    """A later build stage reads the data its predecessor trained on: copy the predecessor's
+    ``data.json`` pin (corpus and tokenizer artefacts) into the stage's directory if it has none."""
+    i = stages.index(name)
+    if i == 0:
+        return
+    src, dst = os.path.join(dirs[stages[i - 1]], "data.json"), os.path.join(dirs[name], "data.json")
+    if os.path.exists(src) and not os.path.exists(dst):
+        os.makedirs(dirs[name], exist_ok=True)
+        with open(src) as f:
+            atomic_write_json(dst, json.load(f), indent=2, sort_keys=True)
 
 
 def run_stages(config: Any, workdir: str) -> dict:
     """Run `config.stages` in order; returns and writes `{stage: summary}` to summary.json.
 
-    Stages named in ``config.build.stages`` run in a shared, content-addressed cache directory (see
-    `build_cache`); the others in `workdir`."""
+    Stages named in ``config.build.stages`` run in content-addressed cache directories, one per
+    stage (see `build_cache`); the others in `workdir`."""
     summary: dict[str, Any] = {}
     state: dict = {}
-    cached, cache_dir, build_cfg = build_cache(config)
+    cached, cache_dirs, build_cfg = build_cache(config)
     for name in list(config.stages):
         fn = get_stage(name)
         t0 = time.time()
         if name in cached:
-            state, stage_summary = fn(build_cfg, cache_dir, state)
-            stage_summary = dict(stage_summary, build_dir=cache_dir)
+            _inherit_data_pin(cached, cache_dirs, name)
+            state, stage_summary = fn(build_cfg, cache_dirs[name], state)
+            stage_summary = dict(stage_summary, build_dir=cache_dirs[name])
         else:
             state, stage_summary = fn(config, workdir, state)
         stage_summary = dict(stage_summary)
