@@ -50,7 +50,9 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     # The scripted expert's style: "read_replace" (read_file the module named in the statement, then
     # search_replace the buggy line), "shell_lines" (grep -n the module, sed the line by number) or
     # "shell_ops" (grep -nE the lines with a binary operator, sed the line by number) or "shell_locate"
-    # (shell_ops + grep -nF the operator to change, so the sed copies the number just printed); the shell styles
+    # (shell_ops + grep -nF the operator to change, so the sed copies the number just printed) or
+    # "shell_locate_qf" (shell_locate whose sed span widens rightward where the leftward one needs a
+    # quote, so string-repeat fixes like `s + '#' + 3` -> `s + '#' * 3` are demonstrated); the shell styles
     # are c2jax.envs.synth.toyfix_shell_demos, difficulties 0-1 only.
     demo_style="read_replace",
 )
@@ -80,7 +82,7 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     check.float_range(c, "clip_norm", 0.0, lo_open=True)
     check.choice(c, "split", ("demo", "train"))
     check.choice(c, "synth_code_drill_words", ("train", "all"))
-    check.choice(c, "demo_style", ("read_replace", "shell_lines", "shell_ops", "shell_locate"))
+    check.choice(c, "demo_style", ("read_replace", "shell_lines", "shell_ops", "shell_locate", "shell_locate_qf"))
     check.float_range(c, "synth_code_drill_share", 0.0, 1.0)
     # the expert's tools must be enabled in the harness (else every demonstration fails mid-episode)
     need = {"read_replace": {"read_file", "search_replace"}}.get(c["demo_style"], {"run_terminal_cmd"})

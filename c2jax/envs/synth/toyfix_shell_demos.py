@@ -28,6 +28,11 @@ Three styles differ in the explore / locate steps only:
     run_terminal_cmd  grep -nF ' - ' */[!_]*.py                              the line(s) with ` - `
     run_terminal_cmd  sed -i '5s/-/+/' */[!_]*.py                            edit (number copied)
     run_terminal_cmd  sed -n '5p' */[!_]*.py                                  check
+- `shell_locate_qf` is `shell_locate` with quote-free spans: where the leftward span needs a single
+  quote (a repeated operator after a string literal, `s + '#' + 3` -> `s + '#' * 3`: `'#' +`), the
+  span widens rightward instead (`s/+ 3/* 3/`), so those tasks get demonstrations too;
+  `shell_locate` skips them.
+
  The edit is the smallest span around the first difference
 between the buggy and the fixed line, widened to whole words until its first occurrence in the line is
 the one to change, so the sed substitution (first match on that line) reproduces the gold line exactly.
@@ -46,9 +51,12 @@ MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulties 0-1 (not
 # A binary operator between spaces: arithmetic, comparison, augmented assignment (not `=` alone, not a
 # unary minus). GNU grep extended syntax, single-quoted in the command.
 OPS_REGEX = " ([-+*/%<>]|//|[-+*/<>=!]=) "
-STYLES = ("shell_lines", "shell_ops", "shell_locate")
+STYLES = ("shell_lines", "shell_ops", "shell_locate", "shell_locate_qf")
 _EXPLORE = {"shell_lines": f"grep -n . {MODULE_GLOB}", "shell_ops": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}",
-            "shell_locate": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
+            "shell_locate": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}",
+            "shell_locate_qf": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
+_LOCATE = ("shell_locate", "shell_locate_qf")  # the styles with the fixed-string operator grep
+_QUOTE_FREE = ("shell_locate_qf",)  # widen the sed span rightward where the leftward one needs a quote
 _BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
 _REPL_SPECIAL = re.compile(r"([\\&/])")
 
@@ -71,12 +79,34 @@ def _widen(line: str, lo: int, hi: int) -> tuple[int, int]:
     return lo, hi
 
 
-def sed_edit(old: str, new: str) -> str:
+def sed_edit(old: str, new: str, quote_free: bool = False) -> str:
     """The sed substitution `s/PAT/REP/` turning line `old` into `new` with the smallest whole-word
-    span whose first occurrence in `old` is the changed one. Raises ValueError if old == new, or if
-    the span needs a single quote (it goes inside a single-quoted shell argument)."""
-    if old == new:
-        raise ValueError("sed_edit: the lines are equal")
+    span whose first occurrence in `old` is the changed one, widened leftward. Raises ValueError if
+    old == new, or if the span needs a single quote (it goes inside a single-quoted shell argument).
+
+    ``quote_free=True``: where the leftward span needs a quote, widen rightward instead (whole words)
+    until the first occurrence is the changed one: `s + '#' + 3` -> `s + '#' * 3` gives
+    `s/+ 3/* 3/`, where leftward widening needs `'#' +`. Spans that need no quote are unchanged."""
+    try:
+        return _sed_edit_left(old, new)
+    except ValueError as e:
+        if not quote_free or old == new:
+            raise
+        left_error = e
+    lo, ho, hn = _word_span(old, new)
+    while True:
+        pat, rep = old[lo:ho], new[lo:hn]
+        if pat and old.find(pat) == lo and "'" not in pat and "'" not in rep:
+            return f"s/{_escape_pattern(pat)}/{_escape_replacement(rep)}/"
+        if ho >= len(old) or "'" in pat or "'" in rep:
+            raise left_error
+        ho, hn = ho + 1, hn + 1  # the separating space, then the next word (shared suffix: both alike)
+        while ho < len(old) and old[ho] != " ":
+            ho, hn = ho + 1, hn + 1
+
+
+def _word_span(old: str, new: str) -> tuple[int, int, int]:
+    """(lo, ho, hn): old[lo:ho] -> new[lo:hn] is the changed region widened to whole words."""
     p = 0  # common prefix
     while p < min(len(old), len(new)) and old[p] == new[p]:
         p += 1
@@ -88,6 +118,14 @@ def sed_edit(old: str, new: str) -> str:
         lo -= 1
     while ho < len(old) and old[ho] != " ":  # (the suffix is shared: widen both ends alike)
         ho, hn = ho + 1, hn + 1
+    return lo, ho, hn
+
+
+def _sed_edit_left(old: str, new: str) -> str:
+    """`sed_edit` with leftward widening only (the `shell_*` styles' edit)."""
+    if old == new:
+        raise ValueError("sed_edit: the lines are equal")
+    lo, ho, hn = _word_span(old, new)
     while True:
         pat, rep = old[lo:ho], new[lo:hn]
         if pat and old.find(pat) == lo:
@@ -112,10 +150,10 @@ def applies(task: Any, style: str = "shell_lines") -> bool:
     modules = [p for p in repo if not p.rsplit("/", 1)[-1].startswith("_")]
     if len(bugs) != 1 or len(modules) != 1 or "line" not in _bug_line(task, bugs[0]):
         return False
-    if style in ("shell_ops", "shell_locate") and not re.search(OPS_REGEX, bugs[0]["old"]):
+    if style in ("shell_ops",) + _LOCATE and not re.search(OPS_REGEX, bugs[0]["old"]):
         return False
     try:
-        sed_edit(bugs[0]["old"], bugs[0]["new"])
+        sed_edit(bugs[0]["old"], bugs[0]["new"], quote_free=style in _QUOTE_FREE)
     except ValueError:
         return False
     return True
@@ -152,9 +190,9 @@ def shell_demo_messages(task: Any, style: str = "shell_lines") -> list:
                          f"{' on a line with a binary operator' if style == 'shell_ops' else ''}: {task.instance_id}")
     bug = task.provenance["bugs"][0]
     n = _bug_line(task, bug)["line"]
-    edit = sed_edit(bug["old"], bug["new"])
+    edit = sed_edit(bug["old"], bug["new"], quote_free=style in _QUOTE_FREE)
     cmds = [_EXPLORE[style], f"sed -i '{n}{edit}' {MODULE_GLOB}", f"sed -n '{n}p' {MODULE_GLOB}"]
-    if style == "shell_locate":
+    if style in _LOCATE:
         pat = locate_pattern(bug["old"], edit)
         cmds.insert(1, f"grep -nF {'-e ' if pat.startswith('-') else ''}'{pat}' {MODULE_GLOB}")
     turns = [Message("assistant", "", [ToolCall(make_call_id("run_terminal_cmd", i), "run_terminal_cmd",

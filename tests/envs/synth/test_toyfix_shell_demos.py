@@ -187,3 +187,48 @@ def test_shell_locate_demos_grep_the_operator_then_sed_the_number_it_printed(tmp
         assert subprocess.run(cmds[3], shell=True, cwd=root, capture_output=True, text=True,
                               check=True).stdout.rstrip("\n") == c.bugs[0]["new"]
     assert len(firsts) >= 30 and sum(firsts) / len(firsts) >= 0.8
+
+
+@pytest.mark.parametrize("old,new,want", [
+    ("    return s + '#' + 3", "    return s + '#' * 3", "s/+ 3/* 3/"),
+    ("    return word + '*' + 7", "    return word + '*' * 7", "s/+ 7/* 7/"),
+])
+def test_quote_free_spans_widen_right_where_left_needs_a_quote(tmp_path, old, new, want):
+    with pytest.raises(ValueError):
+        sed_edit(old, new)  # the shell_locate span (`'#' +`) needs a quote
+    e = sed_edit(old, new, quote_free=True)
+    assert e == want
+    f = tmp_path / "m.py"
+    f.write_text(old + "\n")
+    subprocess.run(["sed", "-i", f"1{e}", str(f)], check=True)
+    assert f.read_text() == new + "\n"
+
+
+def test_quote_free_leaves_quote_free_spans_alone_and_still_refuses_quoted_changes():
+    for old, new in (("    return x - y", "    return x + y"), ("    return n * 3 + 3", "    return n * 3 + 4"),
+                     ("        acc //= 2", "        acc *= 2")):
+        assert sed_edit(old, new, quote_free=True) == sed_edit(old, new)
+    with pytest.raises(ValueError):  # the change itself is inside the quotes
+        sed_edit("    return a + '#' * 3", "    return a + '~' * 3", quote_free=True)
+
+
+def test_shell_locate_qf_demonstrates_string_repeats_that_shell_locate_skips(tmp_path):
+    """On generated difficulty-0 train tasks, `shell_locate_qf` demonstrates a superset of
+    `shell_locate`'s tasks, with the same commands where both apply, and its extra demonstrations
+    (string repeats) restore the pristine module with the real grep and sed."""
+    if shutil.which("grep") is None:
+        pytest.skip("needs GNU grep")
+    extra = 0
+    for c, task, root in _d0_workspaces(tmp_path, "shell_locate_qf", n_seeds=400):
+        msgs = shell_demo_messages(task, style="shell_locate_qf")
+        cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in msgs[:4]]
+        if applies(task, "shell_locate"):
+            assert [json.loads(m.tool_calls[0].arguments)["command"]
+                    for m in shell_demo_messages(task, style="shell_locate")[:4]] == cmds
+            continue
+        extra += 1
+        out = subprocess.run(cmds[1], shell=True, cwd=root, capture_output=True, text=True, check=True).stdout
+        assert int(cmds[2].split("'")[1].split("s/")[0]) in [int(ln.split(":", 1)[0]) for ln in out.splitlines()]
+        subprocess.run(cmds[2], shell=True, cwd=root, check=True)
+        assert {p: (root / p).read_text() for p in c.pristine} == c.pristine
+    assert extra >= 3  # string repeats are ~5% of d0 tasks
