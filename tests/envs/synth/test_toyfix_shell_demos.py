@@ -20,14 +20,19 @@ pytestmark = pytest.mark.skipif(shutil.which("sed") is None, reason="needs GNU s
     ("    return n * 3 + 3", "    return n * 3 + 4", None),  # second '3': the span must grow until unique
     ("    return v[:2]", "    return v[:3]", None),  # BRE specials escaped
 ])
+def _real_sed(tmp_path, line: str, edit: str) -> str:
+    """`line` after GNU sed applies `edit` to it in a file."""
+    f = tmp_path / "m.py"
+    f.write_text(line + "\n")
+    subprocess.run(["sed", "-i", f"1{edit}", str(f)], check=True)
+    return f.read_text()[:-1]
+
+
 def test_sed_edit_turns_old_into_new(tmp_path, old, new, want):
     e = sed_edit(old, new)
     if want is not None:
         assert e == want
-    f = tmp_path / "m.py"
-    f.write_text(old + "\n")
-    subprocess.run(["sed", "-i", f"1{e}", str(f)], check=True)
-    assert f.read_text() == new + "\n"
+    assert _real_sed(tmp_path, old, e) == new
 
 
 def test_sed_edit_rejects_equal_and_quoted_spans():
@@ -198,10 +203,7 @@ def test_quote_free_spans_widen_right_where_left_needs_a_quote(tmp_path, old, ne
         sed_edit(old, new)  # the shell_locate span (`'#' +`) needs a quote
     e = sed_edit(old, new, quote_free=True)
     assert e == want
-    f = tmp_path / "m.py"
-    f.write_text(old + "\n")
-    subprocess.run(["sed", "-i", f"1{e}", str(f)], check=True)
-    assert f.read_text() == new + "\n"
+    assert _real_sed(tmp_path, old, e) == new
 
 
 def test_quote_free_leaves_quote_free_spans_alone_and_still_refuses_quoted_changes():
