@@ -13,13 +13,6 @@ from c2jax.envs.synth.toyfix_shell_demos import MODULE_GLOB, applies, sed_edit, 
 pytestmark = pytest.mark.skipif(shutil.which("sed") is None, reason="needs GNU sed")
 
 
-@pytest.mark.parametrize("old,new,want", [
-    ("    return x - y", "    return x + y", "s/-/+/"),
-    ("    if a < 5:", "    if a <= 5:", "s/</<=/"),
-    ("    return acc", "    return x", "s/acc/x/"),
-    ("    return n * 3 + 3", "    return n * 3 + 4", None),  # second '3': the span must grow until unique
-    ("    return v[:2]", "    return v[:3]", None),  # BRE specials escaped
-])
 def _real_sed(tmp_path, line: str, edit: str) -> str:
     """`line` after GNU sed applies `edit` to it in a file."""
     f = tmp_path / "m.py"
@@ -28,6 +21,13 @@ def _real_sed(tmp_path, line: str, edit: str) -> str:
     return f.read_text()[:-1]
 
 
+@pytest.mark.parametrize("old,new,want", [
+    ("    return x - y", "    return x + y", "s/-/+/"),
+    ("    if a < 5:", "    if a <= 5:", "s/</<=/"),
+    ("    return acc", "    return x", "s/acc/x/"),
+    ("    return n * 3 + 3", "    return n * 3 + 4", None),  # second '3': the span must grow until unique
+    ("    return v[:2]", "    return v[:3]", None),  # BRE specials escaped
+])
 def test_sed_edit_turns_old_into_new(tmp_path, old, new, want):
     e = sed_edit(old, new)
     if want is not None:
