@@ -185,3 +185,16 @@ def test_a_demo_style_whose_tools_are_not_enabled_fails_before_compute():
         validate(cfg, warn=False)
     cfg.agent.tools.enabled = ["read_file", "search_replace", "run_terminal_cmd"]
     validate(cfg, warn=False)
+
+
+def test_demo_style_choices_are_validated_before_compute():
+    """`shell_locate_qf` (quote-free spans) is a known style and needs only the terminal tool; an
+    unknown style is named with the allowed values."""
+    from c2jax.config import ConfigError, validate
+
+    cfg = _module().get_config("default")
+    cfg.agent_sft.demo_style = "shell_locate_qf"
+    validate(cfg, warn=False)
+    cfg.agent_sft.demo_style = "shell_locate_quotes"
+    with pytest.raises(ConfigError, match="shell_locate_qf"):
+        validate(cfg, warn=False)
