@@ -15,22 +15,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
 from collections import defaultdict
 from typing import Any, Sequence
 
+from c2jax.bench.agent_eval import load_rows
 from c2jax.envs.tasks import TaskRecord, load_tasks, write_tasks
-
-
-def load_rows(eval_dir: str) -> list[dict]:
-    """Per-task rows of a `bench run` output directory (`rows.json`, else `tasks.jsonl`)."""
-    path = os.path.join(eval_dir, "rows.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-    with open(os.path.join(eval_dir, "tasks.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def solved_counts(rows: Sequence[dict]) -> dict[str, tuple[int, int]]:
@@ -84,7 +74,7 @@ def format_table(table: Sequence[dict]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m c2jax.train.rl_unsolved", description=__doc__.split("\n")[0])
-    ap.add_argument("--eval", required=True, help="a bench run output directory (rows.json or tasks.jsonl)")
+    ap.add_argument("--eval", required=True, help="a bench run output directory or an RL stage's evaluation directory")
     ap.add_argument("--family", required=True, help="the toyfix family directory (eval.jsonl, train.jsonl)")
     ap.add_argument("--split", default="eval", choices=("eval", "train"))
     ap.add_argument("--out", help="write the never-solved task records here (a suite for bench run)")
@@ -92,8 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--style", default="shell_locate")
     args = ap.parse_args(argv)
     tasks = load_tasks(os.path.join(args.family, f"{args.split}.jsonl"))
-    rows = load_rows(args.eval)
-    table = unsolved_table(tasks, rows, load_rows(args.resampled) if args.resampled else (), args.style)
+    rows = load_rows(args.eval)[0]
+    table = unsolved_table(tasks, rows, load_rows(args.resampled)[0] if args.resampled else (), args.style)
     never = {i for e in table for i in e["tasks"]}
     print(f"{len(never)} of {len(rows)} tasks solved in none of their samples")
     print(format_table(table))

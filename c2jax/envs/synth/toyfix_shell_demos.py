@@ -53,8 +53,8 @@ MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulties 0-1 (not
 OPS_REGEX = " ([-+*/%<>]|//|[-+*/<>=!]=) "
 STYLES = ("shell_lines", "shell_ops", "shell_locate", "shell_locate_qf")
 _EXPLORE = {"shell_lines": f"grep -n . {MODULE_GLOB}", "shell_ops": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}",
-            "shell_locate": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}",
-            "shell_locate_qf": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
+            "shell_locate": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
+_EXPLORE["shell_locate_qf"] = _EXPLORE["shell_locate"]
 _LOCATE = ("shell_locate", "shell_locate_qf")  # the styles with the fixed-string operator grep
 _QUOTE_FREE = ("shell_locate_qf",)  # widen the sed span rightward where the leftward one needs a quote
 _BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
@@ -100,9 +100,8 @@ def sed_edit(old: str, new: str, quote_free: bool = False) -> str:
             return f"s/{_escape_pattern(pat)}/{_escape_replacement(rep)}/"
         if ho >= len(old) or "'" in pat or "'" in rep:
             raise left_error
-        ho, hn = ho + 1, hn + 1  # the separating space, then the next word (shared suffix: both alike)
-        while ho < len(old) and old[ho] != " ":
-            ho, hn = ho + 1, hn + 1
+        _, wider = _widen(old, lo, ho + 1)  # the separating space, then the next word
+        ho, hn = wider, hn + wider - ho  # (the shared suffix: both lines alike)
 
 
 def _word_span(old: str, new: str) -> tuple[int, int, int]:
