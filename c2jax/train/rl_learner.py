@@ -44,6 +44,10 @@ def device_batch(batch: Mapping[str, Any]) -> dict:
 class Learner:
     logp: Callable[..., tuple[jax.Array, dict]]
     update: Callable[..., tuple[TrainState, dict]]
+    # (state, batch, logp_ref, version) -> (state, metrics, (logp, routes)): `update` that also returns
+    # the logprobs [B, L] and routes its forward computed on the parameters *before* the update, so the
+    # step's diagnostics need no forward of their own
+    update_with_logp: Callable[..., tuple[TrainState, dict, tuple[jax.Array, jax.Array]]]
     grads: Callable[..., tuple[Any, dict]]  # (params, batch, logp_ref, version) -> (grads, metrics)
     loss_fn: Callable[..., tuple[jax.Array, dict]]
     cfg: Any
@@ -96,37 +100,47 @@ def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
         return (_logp_replay if replay else _logp_free)(params, batch)
 
     def objective(params, batch, logp_ref, version):
-        lp, _ = forward(params, batch, replay_default)
-        return loss_fn(lp, batch, logp_ref=logp_ref, current_version=version)
+        lp, out = forward(params, batch, replay_default)
+        loss, metrics = loss_fn(lp, batch, logp_ref=logp_ref, current_version=version)
+        return loss, (metrics, (jax.lax.stop_gradient(lp), out["routes"]))
 
     grad_fn = jax.value_and_grad(objective, has_aux=True)
 
-    @jax.jit
-    def _update(state: TrainState, batch, logp_ref, version):
-        (loss, metrics), grads = grad_fn(state.params, batch, logp_ref, version)
+    def _update_impl(state: TrainState, batch, logp_ref, version):
+        (loss, (metrics, seen)), grads = grad_fn(state.params, batch, logp_ref, version)
         updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics)
         metrics["loss"] = loss
         metrics["grad_norm"] = optax.global_norm(grads)
         metrics["update_norm"] = optax.global_norm(updates)
-        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics, seen
+
+    _update = jax.jit(lambda state, batch, logp_ref, version: _update_impl(state, batch, logp_ref, version)[:2])
+    _update_seen = jax.jit(_update_impl)
 
     def update(state: TrainState, batch, logp_ref=None, version: int = 0):
         b = device_batch(batch)
         ref = None if logp_ref is None else jnp.asarray(logp_ref)
         return _update(state, b, ref, jnp.asarray(version, jnp.int32))
 
+    def update_with_logp(state: TrainState, batch, logp_ref=None, version: int = 0):
+        b = device_batch(batch)
+        if replay_default and "routes" not in b:
+            raise ValueError("router replay needs batch['routes'] (the sampler's routes)")
+        ref = None if logp_ref is None else jnp.asarray(logp_ref)
+        return _update_seen(state, b, ref, jnp.asarray(version, jnp.int32))
+
     @jax.jit
     def _grads(params, batch, logp_ref, version):
-        (_, metrics), g = grad_fn(params, batch, logp_ref, version)
+        (_, (metrics, _seen)), g = grad_fn(params, batch, logp_ref, version)
         return g, metrics
 
     def grads(params, batch, logp_ref=None, version: int = 0):
         ref = None if logp_ref is None else jnp.asarray(logp_ref)
         return _grads(params, device_batch(batch), ref, jnp.asarray(version, jnp.int32))
 
-    return Learner(logp=logp, update=update, grads=grads, loss_fn=loss_fn, cfg=cfg, tx=tx)
+    return Learner(logp=logp, update=update, update_with_logp=update_with_logp, grads=grads, loss_fn=loss_fn, cfg=cfg, tx=tx)
 
 
 def mismatch_stats(logp: np.ndarray, sampler_logp: np.ndarray, mask: np.ndarray) -> dict[str, float]:

@@ -171,32 +171,48 @@ def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version:
     mask = batch["loss_mask"] * (batch["traj_index"] >= 0)
     live_mask = mask * np.where(batch["traj_index"] >= 0,
                                 1.0 - batch["infra_failed"][np.clip(batch["traj_index"], 0, None)], 0.0)
+    seg_mask = (batch["segment_ids"] > 0).astype(np.float32)
     diag: dict[str, float] = {}
     logp_ref = None
     lp_replay = None
     has_routes = "routes" in batch
+    n_mb = int(rl.get("minibatches", 1))
+    sampler = batch.get("raw_logp", batch["behaviour_logp"])
+    key = "with_replay" if rl["router_replay"] else "no_replay"
+    # One update per step: the update's own forward (on the parameters before it) gives the learner's
+    # logprobs and routes for the mismatch diagnostics, so they cost no forward of their own.
+    fused = n_mb <= 1 and (has_routes or not rl["router_replay"])
+    lp_other = other_routes = None
     if has_routes or not rl["router_replay"]:
-        lp_replay, aux_main = ctx.learner.logp(state.params, batch, replay=bool(rl["router_replay"]) and has_routes)
-        lp_replay = np.asarray(lp_replay)
-        sampler = batch.get("raw_logp", batch["behaviour_logp"])
-        mm = mismatch_stats(lp_replay, sampler, live_mask)
-        key = "with_replay" if rl["router_replay"] else "no_replay"
-        diag[f"mismatch/{key}/mean"], diag[f"mismatch/{key}/p99"] = mm["mean"], mm["p99"]
+        if not fused:
+            lp_replay, aux_main = ctx.learner.logp(state.params, batch, replay=bool(rl["router_replay"]) and has_routes)
+            lp_replay = np.asarray(lp_replay)
+            mm = mismatch_stats(lp_replay, sampler, live_mask)
+            diag[f"mismatch/{key}/mean"], diag[f"mismatch/{key}/p99"] = mm["mean"], mm["p99"]
         if rl["replay_metrics"] and has_routes:
             lp_free, aux = ctx.learner.logp(state.params, batch, replay=not rl["router_replay"])
-            mm = mismatch_stats(np.asarray(lp_free), sampler, live_mask)
+            lp_other, other_routes = np.asarray(lp_free), np.asarray(aux["routes"])
+            mm = mismatch_stats(lp_other, sampler, live_mask)
             key2 = "no_replay" if rl["router_replay"] else "with_replay"
             diag[f"mismatch/{key2}/mean"], diag[f"mismatch/{key2}/p99"] = mm["mean"], mm["p99"]
-            own = aux["routes"] if rl["router_replay"] else aux_main["routes"]  # the learner's own choice
-            seg_mask = (batch["segment_ids"] > 0).astype(np.float32)
-            diag["route_flip_rate"] = route_flip_rate(np.asarray(own), batch["routes"], seg_mask)
-    n_mb = int(rl.get("minibatches", 1))
+            if not fused:
+                own = other_routes if rl["router_replay"] else aux_main["routes"]  # the learner's own choice
+                diag["route_flip_rate"] = route_flip_rate(np.asarray(own), batch["routes"], seg_mask)
     if ctx.ref_params is not None and n_mb <= 1:  # with minibatches: computed per minibatch
         lr, _ = ctx.learner.logp(ctx.ref_params, batch, replay=bool(rl["router_replay"]) and has_routes)
         logp_ref = np.asarray(lr)
     diag_s = time.monotonic() - t0
     t0 = time.monotonic()
-    if n_mb <= 1:
+    if fused:
+        state, m, (lp_seen, routes_seen) = ctx.learner.update_with_logp(state, batch, logp_ref, version)
+        m = {k: float(v) for k, v in jax.device_get(m).items()}
+        lp_replay = np.asarray(lp_seen)
+        mm = mismatch_stats(lp_replay, sampler, live_mask)
+        diag[f"mismatch/{key}/mean"], diag[f"mismatch/{key}/p99"] = mm["mean"], mm["p99"]
+        if other_routes is not None:
+            own = other_routes if rl["router_replay"] else np.asarray(routes_seen)  # the learner's own choice
+            diag["route_flip_rate"] = route_flip_rate(own, batch["routes"], seg_mask)
+    elif n_mb <= 1:
         state, m = ctx.learner.update(state, batch, logp_ref, version)
         m = {k: float(v) for k, v in jax.device_get(m).items()}
     else:

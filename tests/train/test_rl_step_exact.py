@@ -100,6 +100,25 @@ def test_replayed_learner_logprobs_equal_sampler_raw_logprobs(stepped):
     assert stepped["out"].metrics["mismatch/with_replay/mean"] < 1e-5
 
 
+def test_step_diagnostics_from_the_update_forward_equal_separate_forwards(stepped):
+    """The step takes its mismatch and route-flip diagnostics from the update's own forward (no extra
+    forward); they equal those of separate forwards on the parameters before the update."""
+    from c2jax.train.rl_learner import mismatch_stats, route_flip_rate
+
+    trajs = [s.trajectory for s in stepped["out"].samples]
+    b = _batch(trajs)
+    live = (b["loss_mask"] * (b["traj_index"] >= 0)
+            * (1.0 - b["infra_failed"][np.clip(b["traj_index"], 0, None)]))
+    lp_replay, _ = stepped["learner"].logp(stepped["params"], b, replay=True)
+    _, aux_free = stepped["learner"].logp(stepped["params"], b, replay=False)
+    want = mismatch_stats(np.asarray(lp_replay), b["raw_logp"], live)
+    flips = route_flip_rate(np.asarray(aux_free["routes"]), b["routes"], (b["segment_ids"] > 0).astype(np.float32))
+    got = stepped["out"].metrics
+    assert got["mismatch/with_replay/mean"] == pytest.approx(want["mean"], abs=1e-7)
+    assert got["mismatch/with_replay/p99"] == pytest.approx(want["p99"], abs=1e-6)
+    assert got["route_flip_rate"] == pytest.approx(flips, abs=1e-9)
+
+
 def _hand_token_weights(b, rewards, valid):
     """Per-token Dr. GRPO weights (R_i - mean_group R) and the live-token mask, in numpy."""
     g = b["group_index"]
