@@ -261,3 +261,29 @@ def test_pad_batch_reconstructs_every_segment(trajs, pack):
     for i, t in enumerate(trajs):
         assert b["loss_mask"][b["traj_index"] == i].sum() == t.num_policy_tokens
     assert np.all(b["loss_mask"][b["segment_ids"] == 0] == 0)
+
+
+def test_fit_row_length_minimises_padded_positions():
+    """fit_row_length picks the cheapest row length (rows x length) among the multiples, checked by
+    brute force; demonstration-like lengths (520-578 tokens) that fit one per 1024-token row get rows of 640."""
+    from c2jax.batching import fit_row_length
+
+    rng = np.random.default_rng(0)
+
+    def trajs_of(lengths):
+        return [make_traj(segments=[make_segment(prompt=[1] * (n - 3), completion=(4, 5, 6), mask=(1, 1, 1))])
+                for n in lengths]
+
+    demo_like = trajs_of([*rng.integers(520, 578, 49), 578])  # 578 tokens: 577 positions
+    assert fit_row_length(demo_like, 1024) == 640
+    assert fit_row_length(demo_like[:-1], 1024) == 576
+    assert pad_batch(demo_like, 640)["tokens"].shape[0] == pad_batch(demo_like, 1024)["tokens"].shape[0] == 50
+    for _ in range(20):
+        trajs = trajs_of(rng.integers(4, 300, rng.integers(1, 12)))
+        got = fit_row_length(trajs, 512, multiple=32)
+        costs = {L: pad_batch(trajs, L)["tokens"].size for L in list(range(32, 513, 32)) + [512]
+                 if L >= max(t.segments[0].num_positions for t in trajs)}
+        best = min(costs.values())
+        assert costs[got] == best and got == min(L for L, c in costs.items() if c == best)
+    with pytest.raises(ValueError, match="max_len=100"):
+        fit_row_length(trajs_of([200]), 100)

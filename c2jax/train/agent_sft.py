@@ -55,6 +55,10 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     # quote, so string-repeat fixes like `s + '#' + 3` -> `s + '#' * 3` are demonstrated); the shell styles
     # are c2jax.envs.synth.toyfix_shell_demos, difficulties 0-1 only.
     demo_style="read_replace",
+    # True: rows as long as the demonstrations need (c2jax.batching.fit_row_length, <= seq_len), not
+    # seq_len: the same loss on fewer padding positions (1024-token rows hold one ~530-token
+    # shell_locate demonstration each, 52% of their positions; rows of 576 hold it at 92%)
+    fit_rows=False,
 )
 
 
@@ -83,6 +87,8 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     check.choice(c, "split", ("demo", "train"))
     check.choice(c, "synth_code_drill_words", ("train", "all"))
     check.choice(c, "demo_style", ("read_replace", "shell_lines", "shell_ops", "shell_locate", "shell_locate_qf"))
+    if not isinstance(c["fit_rows"], bool):
+        check.error("fit_rows", f"must be True or False, got {c['fit_rows']!r}")
     check.float_range(c, "synth_code_drill_share", 0.0, 1.0)
     # the expert's tools must be enabled in the harness (else every demonstration fails mid-episode)
     need = {"read_replace": {"read_file", "search_replace"}}.get(c["demo_style"], {"run_terminal_cmd"})
@@ -192,9 +198,11 @@ def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_d
     from c2jax.train.pretrain import model_apply_fn
     from c2jax.train.state import TrainState
     from c2jax.train.step import make_train_step
-    from c2jax.batching import pad_batch
+    from c2jax.batching import fit_row_length, pad_batch
 
     S, B = int(c["seq_len"]), int(c["batch_size"])
+    if c.get("fit_rows"):
+        S = fit_row_length(trajs, S)
     packed = pad_batch(trajs, S)
     keys = ("tokens", "targets", "loss_mask", "segment_ids", "positions")
     rows = {k: packed[k] for k in keys}
@@ -231,7 +239,9 @@ def train_on_demos(params: Any, cfg: Any, trajs: list, c: dict, seed: int, out_d
             bar.update(int(c["log_every"]) if (step + 1) % int(c["log_every"]) == 0 else 0, loss=loss)
     bar.close()
     logger.close()
-    return state.params, {"steps": done, "rows": int(R), "demos": len(trajs), "train_loss_final": loss,
+    fill = float((packed["segment_ids"] > 0).mean())
+    return state.params, {"steps": done, "rows": int(R), "row_len": S, "row_fill": fill, "demos": len(trajs),
+                          "train_loss_final": loss,
                           "policy_tokens": float(packed["loss_mask"].sum()), "wall_time_s": time.time() - t0}
 
 
