@@ -7,7 +7,8 @@
 The cold start: 1000 CPT steps, then ~3.8k scripted shell episodes on the family's demo split
 (difficulty 0, style `shell_locate`: grep the lines with a binary operator, grep the operator to
 change, sed that line by the number just printed, print it, finish; the harness declares the terminal
-tool only; ~200 policy tokens per demonstration), 600 SFT steps. 1000 CPT steps,
+tool only; ~200 policy tokens per demonstration), 600 SFT steps on rows fitted to the demonstrations
+(`agent_sft.fit_rows`: rows of 576 instead of 1024, the same loss at half the SFT time). 1000 CPT steps,
 not 300, because the policy must copy the line number it has just read: `python -m
 c2jax.train.sed_probe` (teacher-forced, about a minute) finds the copy right 83% of the time after
 1000 CPT steps and 27% after 300 (held-out SFT pass@1 0.60 against 0.14; docs/rl_experiments.md).
