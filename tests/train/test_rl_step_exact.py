@@ -243,3 +243,25 @@ def test_minibatches_equal_successive_updates_on_each_group(stepped):
     moved = sum(float(jnp.abs(x - y).sum()) for x, y in zip(jax.tree_util.tree_leaves(got.params),
                                                             jax.tree_util.tree_leaves(params)))
     assert moved > 0
+
+
+def test_update_with_logp_is_the_same_update(stepped):
+    """The step's update (`update_with_logp`, which also returns the forward's logprobs and routes)
+    moves the parameters and optimizer state bit for bit like `update`, and the logprobs it returns
+    are those of the parameters before the update."""
+    from c2jax.train.state import TrainState
+
+    trajs = [s.trajectory for s in stepped["out"].samples]
+    b = _batch(trajs, num_rows=4 * -(-_batch(trajs)["tokens"].shape[0] // 4))
+    learner, params = stepped["learner"], stepped["params"]
+    state0 = TrainState.create(params, learner.tx)
+    want, m_want = learner.update(state0, b)
+    got, m_got, (lp, routes) = learner.update_with_logp(state0, b)
+    for x, y in zip(jax.tree_util.tree_leaves((got.params, got.opt_state)),
+                    jax.tree_util.tree_leaves((want.params, want.opt_state))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert float(m_got["loss"]) == float(m_want["loss"])
+    lp_sep, aux = learner.logp(params, b, replay=True)
+    live = b["loss_mask"] > 0
+    np.testing.assert_allclose(np.asarray(lp)[live], np.asarray(lp_sep)[live], atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(routes), np.asarray(aux["routes"]))
