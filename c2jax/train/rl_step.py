@@ -182,41 +182,37 @@ def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version:
     # One update per step: the update's own forward (on the parameters before it) gives the learner's
     # logprobs and routes for the mismatch diagnostics, so they cost no forward of their own.
     fused = n_mb <= 1 and (has_routes or not rl["router_replay"])
-    lp_other = other_routes = None
+    main_routes = other_routes = None  # the learner's routes on the main / the other forward
     if has_routes or not rl["router_replay"]:
         if not fused:
-            lp_replay, aux_main = ctx.learner.logp(state.params, batch, replay=bool(rl["router_replay"]) and has_routes)
-            lp_replay = np.asarray(lp_replay)
-            mm = mismatch_stats(lp_replay, sampler, live_mask)
-            diag[f"mismatch/{key}/mean"], diag[f"mismatch/{key}/p99"] = mm["mean"], mm["p99"]
+            lp, aux_main = ctx.learner.logp(state.params, batch, replay=bool(rl["router_replay"]) and has_routes)
+            lp_replay, main_routes = np.asarray(lp), np.asarray(aux_main["routes"])
         if rl["replay_metrics"] and has_routes:
             lp_free, aux = ctx.learner.logp(state.params, batch, replay=not rl["router_replay"])
-            lp_other, other_routes = np.asarray(lp_free), np.asarray(aux["routes"])
-            mm = mismatch_stats(lp_other, sampler, live_mask)
+            other_routes = np.asarray(aux["routes"])
+            mm = mismatch_stats(np.asarray(lp_free), sampler, live_mask)
             key2 = "no_replay" if rl["router_replay"] else "with_replay"
             diag[f"mismatch/{key2}/mean"], diag[f"mismatch/{key2}/p99"] = mm["mean"], mm["p99"]
-            if not fused:
-                own = other_routes if rl["router_replay"] else aux_main["routes"]  # the learner's own choice
-                diag["route_flip_rate"] = route_flip_rate(np.asarray(own), batch["routes"], seg_mask)
     if ctx.ref_params is not None and n_mb <= 1:  # with minibatches: computed per minibatch
         lr, _ = ctx.learner.logp(ctx.ref_params, batch, replay=bool(rl["router_replay"]) and has_routes)
         logp_ref = np.asarray(lr)
     diag_s = time.monotonic() - t0
     t0 = time.monotonic()
     if fused:
-        state, m, (lp_seen, routes_seen) = ctx.learner.update_with_logp(state, batch, logp_ref, version)
-        m = {k: float(v) for k, v in jax.device_get(m).items()}
-        lp_replay = np.asarray(lp_seen)
-        mm = mismatch_stats(lp_replay, sampler, live_mask)
-        diag[f"mismatch/{key}/mean"], diag[f"mismatch/{key}/p99"] = mm["mean"], mm["p99"]
-        if other_routes is not None:
-            own = other_routes if rl["router_replay"] else np.asarray(routes_seen)  # the learner's own choice
-            diag["route_flip_rate"] = route_flip_rate(own, batch["routes"], seg_mask)
+        state, m, (lp, routes) = ctx.learner.update_with_logp(state, batch, logp_ref, version)
+        lp_replay, main_routes = np.asarray(lp), np.asarray(routes)
     elif n_mb <= 1:
         state, m = ctx.learner.update(state, batch, logp_ref, version)
-        m = {k: float(v) for k, v in jax.device_get(m).items()}
     else:
         state, m = _minibatch_updates(ctx, state, trajs, n_mb, version)
+    if n_mb <= 1:
+        m = {k: float(v) for k, v in jax.device_get(m).items()}
+    if lp_replay is not None:
+        mm = mismatch_stats(lp_replay, sampler, live_mask)
+        diag[f"mismatch/{key}/mean"], diag[f"mismatch/{key}/p99"] = mm["mean"], mm["p99"]
+    if other_routes is not None:
+        own = other_routes if rl["router_replay"] else main_routes  # the learner's own choice
+        diag["route_flip_rate"] = route_flip_rate(own, batch["routes"], seg_mask)
     learner_s = time.monotonic() - t0
     metrics: dict[str, float] = dict(m)
     metrics.update(diag)
