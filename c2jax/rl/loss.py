@@ -81,10 +81,14 @@ def _gather(per_traj: jax.Array, traj_index: jax.Array) -> jax.Array:
     return jnp.where(traj_index >= 0, per_traj[jnp.clip(traj_index, 0)], 0.0)
 
 
-def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
+def make_rl_loss(cfg: Any = None, *, row_capacity: int | None = None) -> Callable[..., tuple[jax.Array, dict]]:
     """Build `loss_fn(logp, batch, logp_ref=None, old_logp=None, current_version=None) -> (scalar, metrics)`.
 
     `cfg` is the `rl` config section (ConfigDict or dict; missing keys take DEFAULT_RL_CONFIG).
+    `row_capacity`: the positions per row that the ``constant`` aggregation's default normaliser
+    C = B * L counts (None: the batch's own row length L). The RL learner passes ``rl.max_len``, so a
+    batch whose rows are fitted to its trajectories (``rl.learner_row_multiple``) keeps the normaliser
+    of full-length rows: the same loss, whatever length the rows were cut to.
     Unknown names raise here, before any tracing; shape and missing-key errors raise at trace time.
     """
     c = resolve_rl_config(cfg)
@@ -93,7 +97,10 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
     obj_cfg = dict(c["objective"])
     obj_fn = POLICY_LOSSES.get(obj_cfg.pop("name"))
     agg_cfg = dict(c["aggregation"])
-    agg_fn = AGGREGATIONS.get(agg_cfg.pop("name"))
+    agg_name = agg_cfg.pop("name")
+    agg_fn = AGGREGATIONS.get(agg_name)
+    if row_capacity is not None and (isinstance(row_capacity, bool) or int(row_capacity) < 1):
+        raise ValueError(f"row_capacity must be a positive int or None, got {row_capacity!r}")
     kl_cfg = dict(c["kl"])
     coef = float(kl_cfg.get("coef", 0.0))
     kind = kl_cfg.get("estimator", "k1")
@@ -137,12 +144,15 @@ def make_rl_loss(cfg: Any = None) -> Callable[..., tuple[jax.Array, dict]]:
         adv_tok = _gather(adv, ti)  # [B, L]
         per_tok, om = obj_fn(logp, adv_tok, mask, behaviour_logp, old_logp=old_logp, **obj_cfg)
         metrics.update(om)
-        pg = agg_fn(per_tok, mask, ti, n, **agg_cfg)
+        agg_kw = dict(agg_cfg)
+        if agg_name == "constant" and agg_kw.get("constant") is None and row_capacity is not None:
+            agg_kw["constant"] = float(mask.shape[0] * int(row_capacity))  # B x full row, static
+        pg = agg_fn(per_tok, mask, ti, n, **agg_kw)
         loss = pg
         metrics["loss/pg"] = pg
         if coef > 0 and placement == "loss":
             kl_term = coef * agg_fn(kl_loss_per_token(logp, logp_ref, mask, kind=kind, log_ratio_clip=clip),
-                                    mask, ti, n, **agg_cfg)
+                                    mask, ti, n, **agg_kw)
             loss = loss + kl_term
             metrics["loss/kl"] = kl_term
         if logp_ref is not None:

@@ -34,6 +34,10 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     temperature=1.0,  # rollout sampling temperature (the learner's logprobs use the same)
     top_p=1.0,
     max_len=1024,  # positions per learner row and per engine slot (prompt + generation)
+    # > 0: each step's learner rows are as long as its trajectories need, a multiple of this (<= max_len;
+    # c2jax.batching.fit_row_length): the same loss on fewer padded positions, attention ~ length^2.
+    # 0: every row holds max_len positions (one jit shape per row count).
+    learner_row_multiple=0,
     max_in_flight=32,  # episodes running concurrently (engine slots and sandboxes)
     reference="init",  # frozen reference policy for the KL metrics/term: the stage's initial (SFT) weights
     init_from="previous",  # 'previous' (the previous stage's checkpoint) | 'ckpt:PATH' | 'scratch'
@@ -125,6 +129,7 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     _int(check, "max_staleness", c["max_staleness"], 0)
     _int(check, "warmup_steps", c["warmup_steps"], 0)
     _int(check, "max_len", c["max_len"], 16)
+    _int(check, "learner_row_multiple", c["learner_row_multiple"], 0)
     _float(check, "learning_rate", c["learning_rate"], 0.0, lo_open=True)
     _float(check, "temperature", c["temperature"], 0.0, lo_open=True)
     _float(check, "top_p", c["top_p"], 0.0, lo_open=True, hi=1.0)

@@ -70,7 +70,9 @@ def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
 
     cfg = learner_model_config(model_cfg, rl)
     temperature = float(rl["temperature"])
-    loss_fn = make_rl_loss(rl)
+    # The normaliser counts rows of rl.max_len positions even when a step's rows are fitted shorter
+    # (rl.learner_row_multiple): fitting changes the compute, not the loss.
+    loss_fn = make_rl_loss(rl, row_capacity=int(rl["max_len"]) if "max_len" in rl else None)
     replay_default = bool(rl["router_replay"])
     tx = make_optimizer_for(params, cfg, rl)
 

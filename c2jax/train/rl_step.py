@@ -31,7 +31,7 @@ import numpy as np
 from c2jax.train.rl_learner import Learner, mismatch_stats, route_flip_rate
 from c2jax.train.rl_rollouts import Sample, collect, sample_stats
 from c2jax.train.state import TrainState
-from c2jax.batching import pad_batch
+from c2jax.batching import fit_row_length, pad_batch
 
 
 @dataclasses.dataclass
@@ -63,6 +63,20 @@ class StepOutput:
 def _rows_bucket(n: int) -> int:
     """Learner rows padded to a multiple of 4 (few distinct jit shapes)."""
     return max(4, -(-n // 4) * 4)
+
+
+def learner_row_len(trajs: Sequence[Any], rl: dict) -> int:
+    """Positions per learner row for this step's trajectories: ``rl.max_len``, or with
+    ``rl.learner_row_multiple`` = m > 0 the multiple of m (<= max_len) that holds them in the fewest
+    padded positions (`fit_row_length`). Rollouts of ~550 tokens fill 1024-token rows to ~55%; rows of
+    640 hold the same trajectories with the same loss (padding is masked) at ~40% less learner compute
+    (the attention scores shrink with the square of the row). Each distinct (rows, length) compiles
+    once; a larger m means fewer shapes."""
+    max_len = int(rl["max_len"])
+    m = int(rl.get("learner_row_multiple", 0) or 0)
+    if m <= 0 or not any(s.num_positions > 0 for t in trajs for s in t.segments):
+        return max_len
+    return fit_row_length(trajs, max_len, multiple=m)
 
 
 def publish(ctx: RLContext, params: Any, version: int) -> float:
@@ -139,12 +153,13 @@ def _minibatch_updates(ctx: RLContext, state: TrainState, trajs: Sequence[Any], 
     rl = ctx.rl
     chunks = group_chunks(trajs, n_mb)
     per = max(len(c) for c in chunks)
-    probes = [pad_batch(c, int(rl["max_len"]), reward_names=ctx.reward_names) for c in chunks]
+    row_len = learner_row_len(trajs, rl)  # one length for every minibatch: one jit shape per step
+    probes = [pad_batch(c, row_len, reward_names=ctx.reward_names) for c in chunks]
     rows = _rows_bucket(max(p["tokens"].shape[0] for p in probes))
     has_routes = all("routes" in p for p in probes)
     per_mb: list[dict[str, float]] = []
     for chunk in chunks:
-        mb = pad_batch(chunk, int(rl["max_len"]), num_rows=rows, max_trajectories=per, reward_names=ctx.reward_names)
+        mb = pad_batch(chunk, row_len, num_rows=rows, max_trajectories=per, reward_names=ctx.reward_names)
         ref = None
         if ctx.ref_params is not None:
             lr, _ = ctx.learner.logp(ctx.ref_params, mb, replay=bool(rl["router_replay"]) and has_routes)
@@ -164,8 +179,9 @@ def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version:
     trajs = [s.trajectory for s in samples]
     n = len(trajs)
     # Rows needed (first-fit packing) depend on lengths: pad to a bucket so jit sees few shapes.
-    probe = pad_batch(trajs, int(rl["max_len"]), reward_names=ctx.reward_names)
-    batch = pad_batch(trajs, int(rl["max_len"]), num_rows=_rows_bucket(probe["tokens"].shape[0]),
+    row_len = learner_row_len(trajs, rl)
+    probe = pad_batch(trajs, row_len, reward_names=ctx.reward_names)
+    batch = pad_batch(trajs, row_len, num_rows=_rows_bucket(probe["tokens"].shape[0]),
                       max_trajectories=n, reward_names=ctx.reward_names)
     t0 = time.monotonic()
     mask = batch["loss_mask"] * (batch["traj_index"] >= 0)
@@ -219,6 +235,7 @@ def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version:
     metrics.update(_staleness_hist(batch, version))
     metrics.update({k: m[k] for k in m if k.startswith("adv/")})
     metrics.update({"tokens/learner": float(mask.sum()), "learner/rows": float(batch["tokens"].shape[0]),
+                    "learner/row_len": float(row_len), "learner/row_fill": float(seg_mask.mean()),
                     "time/diagnostics_s": diag_s, "time/learner_s": learner_s})
     return LearnOutput(state, metrics, batch, lp_replay)
 

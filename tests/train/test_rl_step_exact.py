@@ -265,3 +265,47 @@ def test_update_with_logp_is_the_same_update(stepped):
     live = b["loss_mask"] > 0
     np.testing.assert_allclose(np.asarray(lp)[live], np.asarray(lp_sep)[live], atol=1e-6)
     np.testing.assert_array_equal(np.asarray(routes), np.asarray(aux["routes"]))
+
+
+def test_fitted_learner_rows_give_the_same_gradient(stepped):
+    """``rl.learner_row_multiple``: the step's learner rows as long as its trajectories need (here far
+    below max_len = 1024) give the gradient and logprobs of full-length rows (padding is masked, and
+    the Dr. GRPO normaliser B * L counts rows of max_len whatever length they were cut to);
+    a real change of the batch (two rewards swapped) moves the gradient well outside that tolerance,
+    so the comparison can fail."""
+    import copy
+
+    from c2jax.train.rl_step import learner_row_len
+
+    trajs = [copy.deepcopy(s.trajectory) for s in stepped["out"].samples if not s.mask_reason]
+    if len(trajs) < 2:
+        pytest.skip("fewer than 2 live rollouts")
+    for t, r in zip(trajs, [1.0, 0.0, 1.0, 0.0]):
+        t.reward_terms["task"] = r
+    rl = dict(stepped["rl"], learner_row_multiple=64)
+    row_len = learner_row_len(trajs, rl)
+    longest = max(s.num_positions for t in trajs for s in t.segments)
+    assert row_len % 64 == 0 and longest <= row_len < 1024
+    assert learner_row_len(trajs, dict(rl, learner_row_multiple=0)) == 1024
+    from c2jax.batching import pad_batch
+
+    def batch(ts, length):
+        return pad_batch(ts, length, num_rows=4, reward_names=("task", "reward"))
+
+    learner, params = stepped["learner"], stepped["params"]
+    full, fitted = batch(trajs, 1024), batch(trajs, row_len)
+    g_full, _ = learner.grads(params, full)
+    g_fit, _ = learner.grads(params, fitted)
+    leaves_full, leaves_fit = jax.tree_util.tree_leaves(g_full), jax.tree_util.tree_leaves(g_fit)
+    assert sum(float(jnp.abs(x).sum()) for x in leaves_full) > 0
+    for a, w in zip(leaves_fit, leaves_full):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-4, atol=1e-7)
+    lp_full, _ = learner.logp(params, full, replay=True)
+    lp_fit, _ = learner.logp(params, fitted, replay=True)
+    np.testing.assert_allclose(np.asarray(lp_fit)[fitted["loss_mask"] > 0],
+                               np.asarray(lp_full)[full["loss_mask"] > 0], atol=1e-6)
+    swapped = copy.deepcopy(trajs)  # positive control: the same tokens, two rewards swapped
+    swapped[0].reward_terms["task"], swapped[1].reward_terms["task"] = 0.0, 1.0
+    g_swap, _ = learner.grads(params, batch(swapped, row_len))
+    assert any(not np.allclose(np.asarray(a), np.asarray(w), rtol=1e-4, atol=1e-7)
+               for a, w in zip(jax.tree_util.tree_leaves(g_swap), leaves_full))
