@@ -75,7 +75,8 @@ def _run_agent(a) -> int:
             grade_fn = GradeCache(grade)  # a repeated (task, diff) is graded once (clean verdicts only)
         summary = run_agent_suite(tasks, setup, out, k=a.k, ks=ks, max_in_flight=a.max_in_flight, pool=pool,
                                   grade_fn=grade_fn, resume=not a.fresh, progress=True if sys.stderr.isatty() else None,
-                                  title=f"{a.policy} on {os.path.basename(a.suite.rstrip('/'))}")
+                                  title=f"{a.policy} on {os.path.basename(a.suite.rstrip('/'))}",
+                                  transcripts=a.transcripts)
     finally:
         if pool is not None:
             pool.close()
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="grade every sample (default: each distinct (task, diff) once; c2jax.envs.grade_cache)")
     g.add_argument("--agent-config", default=None, help="experiments/configs/NAME.py[:preset]: its config.agent")
     g.add_argument("--ks", default=None, help="pass@k reported, e.g. 1,8 (default: 1 and --k)")
+    g.add_argument("--transcripts", action="store_true",
+                   help="also write OUT/transcripts.jsonl: every episode's messages (what the agent did)")
     p = sub.add_parser("compare", help="paired bootstrap of pass@k between two runs (tasks matched by id)")
     p.add_argument("a", help="run A: an --out directory or its results.json")
     p.add_argument("b", help="run B")

@@ -107,14 +107,17 @@ def ensure_threads(n: int) -> None:
 async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any, *, k: int, pool: Any = None,
                           max_in_flight: int = 32, grade_fn: Callable | None = None, progress: Any = None,
                           journal: str | None = None, journal_key: str | None = None,
-                          stats: dict | None = None) -> list[dict[str, Any]]:
+                          stats: dict | None = None, transcripts: str | None = None) -> list[dict[str, Any]]:
     """k graded episodes per task (`c2jax.agent.rollout.arollout`), at most `max_in_flight` at once.
 
     Returns per-task rows in task order (see the module docstring). progress: a callable
     ``(tasks_done, tasks_total, row)`` called as each task finishes, or True for a tqdm bar.
     journal: a JSONL file every finished task is appended to; rows of an earlier run with the same
     `journal_key` and k for identical tasks are reused (resume). stats: filled with
-    ``max_in_flight_seen`` (the most episodes in flight together) and ``episodes``.
+    ``max_in_flight_seen`` (the most episodes in flight together) and ``episodes``. transcripts: a
+    JSONL file each finished episode's OpenAI-shaped messages are appended to (one line per sample:
+    instance_id, sample, resolved, stop_reason, diff, messages: one list per context), to read what
+    the agent did.
     """
     from c2jax.agent.rollout import arollout
     from c2jax.bench.run import load_journal, task_digest
@@ -133,6 +136,7 @@ async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any
     in_flight = 0
     per_task: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
     jf = open(journal, "a", encoding="utf-8") if journal else None
+    tf = open(transcripts, "a", encoding="utf-8") if transcripts else None
     bar = None
     if progress is True:
         from tqdm import tqdm
@@ -166,6 +170,11 @@ async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any
             try:
                 ep = await arollout(harness, policy, task, pool=pool, sample=s, grade_fn=grade_fn)
                 row = sample_row(ep, s)
+                if tf is not None:
+                    tf.write(json.dumps({"instance_id": task.instance_id, "sample": s, "resolved": row["resolved"],
+                                         "stop_reason": row["stop_reason"], "diff": row["diff"],
+                                         "messages": ep.messages}) + "\n")
+                    tf.flush()
             except (asyncio.CancelledError, KeyboardInterrupt):
                 raise
             except Exception as e:  # noqa: BLE001 - the policy/endpoint failed: masked, reported
@@ -187,6 +196,8 @@ async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any
             bar.close()
         if jf is not None:
             jf.close()
+        if tf is not None:
+            tf.close()
     if todo and st["exceptions"] == len(todo) * k:
         raise RuntimeError("every episode raised (see the masked_reason of any sample): "
                            + rows[todo[0]]["samples"][0]["masked_reason"])
@@ -331,9 +342,10 @@ def build_agent(policy: str, *, checkpoint: str | None = None, tokenizer: str | 
 def run_agent_suite(tasks: Sequence[TaskRecord], setup: AgentSetup, out_dir: str, *, k: int,
                     ks: Sequence[int] | None = None, max_in_flight: int = 32, pool: Any = None,
                     grade_fn: Callable | None = None, resume: bool = True, progress: Any = None,
-                    title: str = "", seed: int = 0) -> dict[str, Any]:
+                    title: str = "", seed: int = 0, transcripts: bool = False) -> dict[str, Any]:
     """Evaluate, summarise, and write ``results.json`` ({"summary", "tasks"}), ``results.txt`` and
-    ``tasks.jsonl`` (one per-task row a line: what `compare` pairs). Finished tasks are journalled in
+    ``tasks.jsonl`` (one per-task row a line: what `compare` pairs), and with `transcripts`
+    ``transcripts.jsonl`` (every episode's messages). Finished tasks are journalled in
     ``journal.jsonl``; with `resume` a rerun into the same directory with the same settings reuses them."""
     os.makedirs(out_dir, exist_ok=True)
     ks = sorted({x for x in (ks or (1, k)) if 1 <= x <= k})
@@ -343,7 +355,8 @@ def run_agent_suite(tasks: Sequence[TaskRecord], setup: AgentSetup, out_dir: str
     t0 = time.monotonic()
     stats: dict = {}
     rows = evaluate_agent(tasks, setup.harness, setup.policy, k=k, pool=pool, max_in_flight=max_in_flight,
-                          grade_fn=grade_fn, progress=progress, journal=journal, journal_key=setup.key, stats=stats)
+                          grade_fn=grade_fn, progress=progress, journal=journal, journal_key=setup.key, stats=stats,
+                          transcripts=os.path.join(out_dir, "transcripts.jsonl") if transcripts else None)
     summary = summarize_agent(rows, ks, seed)
     summary.update(policy=setup.key.split(":", 1)[0], settings=json.loads(setup.key.split(":", 1)[1])
                    if ":" in setup.key else {}, k=k, wall_s=round(time.monotonic() - t0, 2), eval_stats=stats,

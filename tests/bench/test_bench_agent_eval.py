@@ -293,6 +293,29 @@ def test_masked_samples_count_as_failures(repo_env):
     assert "masked 4/6 samples" in format_agent_table(summ, (1, 2))
 
 
+def test_transcripts_hold_every_episode_messages(repo_env, tmp_path):
+    """``transcripts=``: one line per finished episode with its messages (the system prompt, the task,
+    the agent's tool calls and their outputs), matching the sample rows."""
+    from c2jax.agent.harness import Harness
+    from c2jax.agent.policies import OraclePolicy
+    from c2jax.bench.agent_eval import evaluate_agent
+
+    fmt = chat_format()
+    path = tmp_path / "transcripts.jsonl"
+    rows = evaluate_agent([make_task(repo_env[1], "good")], Harness(fmt), OraclePolicy(fmt, FIX_PATCH), k=2,
+                          max_in_flight=2, grade_fn=_fake_grade, transcripts=str(path))
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert sorted(x["sample"] for x in lines) == [0, 1]
+    by_sample = {s["sample"]: s for s in rows[0]["samples"]}
+    for x in lines:
+        assert x["instance_id"] == "good" and x["resolved"] == by_sample[x["sample"]]["resolved"]
+        assert x["diff"] == by_sample[x["sample"]]["diff"] and x["diff"]
+        msgs = x["messages"][0]  # one context
+        roles = [m["role"] for m in msgs]
+        assert roles[0] == "system" and "user" in roles and "tool" in roles
+        assert any(m.get("tool_calls") for m in msgs if m["role"] == "assistant")
+
+
 def test_policy_timeout_is_not_infrastructure():
     """A sandbox killed for its lifetime under the agent is the policy's failure; a dead sandbox is infra."""
     from c2jax.agent.harness import Episode
