@@ -28,6 +28,10 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     # Full-parameter optimizer: "adamw", or "muon" (Newton-Schulz on matrices, AdamW elsewhere; b1/b2/eps
     # are its AdamW part) as in c2jax.train.optim.
     optimizer=dict(name="adamw", b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=1.0),
+    # parameter groups the RL updates leave as they are (top-level names of the parameter tree:
+    # embed, dense_layers, moe_layers, final_norm, lm_head, mtp), e.g. ("lm_head",): the output
+    # rows of the decision tokens (digits, operators) move the most under RL, a prior shift
+    frozen=(),
     router_replay=True,  # learner forward replays the sampler's routed experts
     replay_margin=None,  # plausibility filter: None = replay as recorded; delta >= 0 = replace implausible
     learner_moe_impl="dropless",  # learner MoE implementation (never 'capacity': it drops tokens)
@@ -66,6 +70,8 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
 )
 
 REFERENCES = ("init", "none")
+# Top-level groups of the model's parameter tree (c2jax.model.params_spec.param_specs), for rl.frozen.
+PARAM_GROUPS = ("embed", "dense_layers", "moe_layers", "final_norm", "lm_head", "mtp")
 RL_OPTIMIZERS = ("adamw", "muon")
 SERVICE_BACKENDS = ("local", "ray")
 
@@ -157,6 +163,14 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     _float(check, "optimizer.eps", opt.get("eps"), 0.0, lo_open=True)
     _float(check, "optimizer.weight_decay", opt.get("weight_decay"), 0.0)
     _float(check, "optimizer.clip_norm", opt.get("clip_norm"), 0.0, lo_open=True, allow_none=True)
+    frozen = c["frozen"]
+    groups = PARAM_GROUPS
+    if not isinstance(frozen, (list, tuple)) or any(not isinstance(x, str) for x in frozen):
+        check.error("frozen", f"must be a list of parameter groups from {list(groups)}, got {frozen!r}")
+    else:
+        for x in frozen:
+            if x not in groups:
+                check.error("frozen", f"unknown parameter group {x!r}; known: {list(groups)}")
     cur = dict(c["curriculum"])
     _sub(check, "curriculum", cur, d["curriculum"])
     _int(check, "curriculum.upsample_after_step", cur.get("upsample_after_step"), 0)

@@ -55,13 +55,26 @@ class Learner:
 
 
 def make_optimizer_for(params: Any, cfg: Any, rl: Mapping[str, Any]) -> optax.GradientTransformation:
-    from c2jax.model.params_spec import logical_axes, trainable_mask
+    from c2jax.model.params_spec import logical_axes
     from c2jax.train import optim
 
     sched = optim.make_schedule({"name": "constant", "peak_lr": float(rl["learning_rate"]),
                                  "warmup_steps": int(rl["warmup_steps"])}, int(rl["steps"]))
     opt = {"name": "adamw", **dict(rl["optimizer"])}
-    return optim.make_optimizer(opt, sched, params, trainable=trainable_mask(cfg), axes=logical_axes(cfg))
+    return optim.make_optimizer(opt, sched, params, trainable=rl_trainable_mask(cfg, rl), axes=logical_axes(cfg))
+
+
+def rl_trainable_mask(cfg: Any, rl: Mapping[str, Any]) -> dict:
+    """`trainable_mask(cfg)` (the router's selection bias frozen) with the groups of ``rl.frozen``
+    (top-level names of the parameter tree, e.g. ``lm_head``) frozen too."""
+    from c2jax.model.params_spec import trainable_mask
+
+    mask = trainable_mask(cfg)
+    frozen = tuple(rl.get("frozen", ()) or ())
+    unknown = [g for g in frozen if g not in mask]
+    if unknown:
+        raise ValueError(f"rl.frozen: unknown parameter groups {unknown}; known: {sorted(mask)}")
+    return {k: (jax.tree_util.tree_map(lambda _: False, v) if k in frozen else v) for k, v in mask.items()}
 
 
 def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:

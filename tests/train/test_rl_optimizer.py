@@ -89,3 +89,36 @@ def test_muon_orthogonalises_matrices_and_leaves_the_rest_to_adamw():
         if "router" in k and "bias" in k:
             assert not np.any(np.asarray(x)) and not np.any(np.asarray(a[k])), k  # frozen under both
         assert np.all(np.isfinite(np.asarray(x))), k
+
+
+def test_frozen_groups_get_no_update_and_bad_groups_are_named():
+    """``rl.frozen``: the listed parameter groups (here the LM head) get a zero update while every other
+    trainable leaf moves; the positive control (nothing frozen) moves the LM head; an unknown group is
+    rejected by the config check, naming the known ones."""
+    from c2jax.config import Checker
+    from c2jax.model import init
+    from c2jax.model.config import preset
+    from c2jax.rl.loss import resolve_rl_config
+    from c2jax.rl.stage_config import resolve_stage, validate_rl_stage
+    from c2jax.train.rl_learner import make_optimizer_for
+
+    cfg = preset("tiny").replace(vocab_size=256, mtp_depth=0)
+    params = init(cfg, jax.random.PRNGKey(0))
+    grads = jax.tree_util.tree_map(jnp.ones_like, params)
+
+    def update(frozen):
+        rl = resolve_rl_config({"group_size": 2})
+        rl.update(resolve_stage({"steps": 4, "learning_rate": 1e-2, "frozen": frozen}))
+        tx = make_optimizer_for(params, cfg, rl)
+        upd, _ = tx.update(grads, tx.init(params), params)
+        return upd
+
+    frozen, free = update(("lm_head",)), update(())
+    assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree_util.tree_leaves(frozen["lm_head"]))
+    assert all(float(jnp.abs(x).max()) > 0.0 for x in jax.tree_util.tree_leaves(free["lm_head"]))
+    assert sum(float(jnp.abs(x).sum()) for x in jax.tree_util.tree_leaves(frozen["embed"])) > 0.0
+    assert sum(float(jnp.abs(x).sum()) for x in jax.tree_util.tree_leaves(frozen["moe_layers"])) > 0.0
+    check = Checker("rl")
+    validate_rl_stage(check, {"frozen": ["lm_head", "heads"]})
+    msgs = " ".join(f"{k}: {m}" for k, m in check.problems)
+    assert "heads" in msgs and "lm_head" in msgs and "final_norm" in msgs
