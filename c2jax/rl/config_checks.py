@@ -74,7 +74,7 @@ def validate_rl(check: Checker, rl: Any, full: Any) -> None:
     for k in raw:
         if k not in known:
             check.error(k, f"unknown rl option; known: {sorted(known)}")
-    validate_rl_stage(check, raw)
+    validate_rl_stage(check, raw, full)
 
     g = c["group_size"]
     if isinstance(g, bool) or not isinstance(g, int) or g < 2:

@@ -28,9 +28,9 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     # Full-parameter optimizer: "adamw", or "muon" (Newton-Schulz on matrices, AdamW elsewhere; b1/b2/eps
     # are its AdamW part) as in c2jax.train.optim.
     optimizer=dict(name="adamw", b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=1.0),
-    # parameter groups the RL updates leave as they are (top-level names of the parameter tree:
-    # embed, dense_layers, moe_layers, final_norm, lm_head, mtp), e.g. ("lm_head",): the output
-    # rows of the decision tokens (digits, operators) move the most under RL, a prior shift
+    # parameters the RL updates leave as they are: globs over '/'-joined parameter paths
+    # (c2jax.rl.stage_config.param_paths), a group or path prefix freezing everything below it, e.g.
+    # ("lm_head",) or ("*/attn/*",): the attention of every layer
     frozen=(),
     router_replay=True,  # learner forward replays the sampler's routed experts
     replay_margin=None,  # plausibility filter: None = replay as recorded; delta >= 0 = replace implausible
@@ -125,8 +125,38 @@ def _sub(check: Any, key: str, got: Mapping[str, Any], allowed: Mapping[str, Any
             check.error(f"{key}.{k}", f"unknown option; known: {sorted(allowed)}")
 
 
-def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
-    """Check the stage keys of the ``rl`` section (raw: the section as plain dicts)."""
+def frozen_match(pattern: str, path: str) -> bool:
+    """Whether `rl.frozen` entry `pattern` covers the parameter at `path` ('/'-joined, e.g.
+    'moe_layers/attn/o_proj/kernel'): an fnmatch glob over the path, or a group / path prefix."""
+    import fnmatch
+
+    return fnmatch.fnmatchcase(path, pattern) or path.startswith(pattern.rstrip("/") + "/")
+
+
+def param_paths(cfg: Any) -> list[str]:
+    """'/'-joined paths of every parameter of model config `cfg` (c2jax.model.params_spec)."""
+    import jax
+
+    from c2jax.model.params_spec import param_specs
+
+    leaves = jax.tree_util.tree_flatten_with_path(param_specs(cfg), is_leaf=lambda x: hasattr(x, "trainable"))[0]
+    return ["/".join(str(getattr(k, "key", k)) for k in p) for p, _ in leaves]
+
+
+def _model_param_paths(full: Any) -> list[str]:
+    """The parameter paths of the full config's model (empty if it has none or it does not build:
+    the model validator reports that)."""
+    try:
+        from c2jax.model.config import ModelConfig
+
+        return param_paths(ModelConfig.from_config(full["model"]).replace(mtp_depth=0))
+    except Exception:  # noqa: BLE001 - a broken model section is the model validator's to report
+        return []
+
+
+def validate_rl_stage(check: Any, raw: Mapping[str, Any], full: Any = None) -> None:
+    """Check the stage keys of the ``rl`` section (raw: the section as plain dicts; full: the whole
+    config, for the model's parameter names)."""
     c = resolve_stage(raw)
     d = RL_STAGE_DEFAULTS
     for key in ("steps", "tasks_per_step", "minibatches", "max_in_flight", "ckpt_every", "keep_checkpoints",
@@ -164,13 +194,15 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any]) -> None:
     _float(check, "optimizer.weight_decay", opt.get("weight_decay"), 0.0)
     _float(check, "optimizer.clip_norm", opt.get("clip_norm"), 0.0, lo_open=True, allow_none=True)
     frozen = c["frozen"]
-    groups = PARAM_GROUPS
-    if not isinstance(frozen, (list, tuple)) or any(not isinstance(x, str) for x in frozen):
-        check.error("frozen", f"must be a list of parameter groups from {list(groups)}, got {frozen!r}")
-    else:
-        for x in frozen:
-            if x not in groups:
-                check.error("frozen", f"unknown parameter group {x!r}; known: {list(groups)}")
+    if not isinstance(frozen, (list, tuple)) or any(not isinstance(x, str) or not x for x in frozen):
+        check.error("frozen", f"must be a list of parameter path globs such as {list(PARAM_GROUPS[:2])} or "
+                    f"'*/attn/*', got {frozen!r}")
+    elif frozen:
+        paths = _model_param_paths(full)
+        if paths:
+            for x in frozen:
+                if not any(frozen_match(x, q) for q in paths):
+                    check.error("frozen", f"{x!r} matches no parameter; the parameters: {paths}")
     cur = dict(c["curriculum"])
     _sub(check, "curriculum", cur, d["curriculum"])
     _int(check, "curriculum.upsample_after_step", cur.get("upsample_after_step"), 0)

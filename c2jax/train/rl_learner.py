@@ -64,17 +64,31 @@ def make_optimizer_for(params: Any, cfg: Any, rl: Mapping[str, Any]) -> optax.Gr
     return optim.make_optimizer(opt, sched, params, trainable=rl_trainable_mask(cfg, rl), axes=logical_axes(cfg))
 
 
-def rl_trainable_mask(cfg: Any, rl: Mapping[str, Any]) -> dict:
-    """`trainable_mask(cfg)` (the router's selection bias frozen) with the groups of ``rl.frozen``
-    (top-level names of the parameter tree, e.g. ``lm_head``) frozen too."""
+def rl_trainable_mask(cfg: Any, rl: Mapping[str, Any]) -> Any:
+    """`trainable_mask(cfg)` (the router's selection bias frozen) with every parameter covered by an
+    ``rl.frozen`` entry (a glob over '/'-joined paths or a group / path prefix, e.g. ``lm_head`` or
+    ``*/attn/*``) frozen too. An entry that covers no parameter raises."""
     from c2jax.model.params_spec import trainable_mask
+    from c2jax.rl.stage_config import frozen_match
 
-    mask = trainable_mask(cfg)
     frozen = tuple(rl.get("frozen", ()) or ())
-    unknown = [g for g in frozen if g not in mask]
-    if unknown:
-        raise ValueError(f"rl.frozen: unknown parameter groups {unknown}; known: {sorted(mask)}")
-    return {k: (jax.tree_util.tree_map(lambda _: False, v) if k in frozen else v) for k, v in mask.items()}
+    mask = trainable_mask(cfg)
+    if not frozen:
+        return mask
+    hit = {p: False for p in frozen}
+
+    def one(path, trainable):
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        covered = [p for p in frozen if frozen_match(p, name)]
+        for p in covered:
+            hit[p] = True
+        return bool(trainable) and not covered
+
+    out = jax.tree_util.tree_map_with_path(one, mask)
+    missing = [p for p, h in hit.items() if not h]
+    if missing:
+        raise ValueError(f"rl.frozen: {missing} match no parameter of this model")
+    return out
 
 
 def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:

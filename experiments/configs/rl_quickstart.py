@@ -97,7 +97,7 @@ def _rl(**over) -> dict:
         learning_rate=3e-4,
         warmup_steps=0,
         optimizer=dict(name="adamw", b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0, clip_norm=1.0),
-        frozen=(),  # e.g. ("lm_head",): parameter groups RL leaves as they are
+        frozen=(),  # parameters RL leaves as they are: path globs, e.g. ("lm_head",) or ("*/attn/*",)
         router_replay=True,
         replay_margin=placeholder(float),
         learner_moe_impl="dropless",

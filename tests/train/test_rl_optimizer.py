@@ -91,10 +91,10 @@ def test_muon_orthogonalises_matrices_and_leaves_the_rest_to_adamw():
         assert np.all(np.isfinite(np.asarray(x))), k
 
 
-def test_frozen_groups_get_no_update_and_bad_groups_are_named():
-    """``rl.frozen``: the listed parameter groups (here the LM head) get a zero update while every other
-    trainable leaf moves; the positive control (nothing frozen) moves the LM head; an unknown group is
-    rejected by the config check, naming the known ones."""
+def test_frozen_parameters_get_no_update_and_bad_entries_are_named():
+    """``rl.frozen``: the covered parameters (a group: the LM head; a glob: every layer's attention) get a
+    zero update while every other trainable leaf moves; the positive control (nothing frozen) moves
+    them; an entry that covers no parameter is rejected by the config check, listing the parameters."""
     from c2jax.config import Checker
     from c2jax.model import init
     from c2jax.model.config import preset
@@ -113,12 +113,18 @@ def test_frozen_groups_get_no_update_and_bad_groups_are_named():
         upd, _ = tx.update(grads, tx.init(params), params)
         return upd
 
-    frozen, free = update(("lm_head",)), update(())
-    assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree_util.tree_leaves(frozen["lm_head"]))
-    assert all(float(jnp.abs(x).max()) > 0.0 for x in jax.tree_util.tree_leaves(free["lm_head"]))
-    assert sum(float(jnp.abs(x).sum()) for x in jax.tree_util.tree_leaves(frozen["embed"])) > 0.0
-    assert sum(float(jnp.abs(x).sum()) for x in jax.tree_util.tree_leaves(frozen["moe_layers"])) > 0.0
+    def moved(tree):
+        return sum(float(jnp.abs(x).sum()) for x in jax.tree_util.tree_leaves(tree))
+
+    head, attn, free = update(("lm_head",)), update(("*/attn/*",)), update(())
+    assert moved(head["lm_head"]) == 0.0 and moved(free["lm_head"]) > 0.0
+    assert moved(head["embed"]) > 0.0 and moved(head["moe_layers"]) > 0.0
+    for group in ("dense_layers", "moe_layers"):
+        assert moved(attn[group]["attn"]) == 0.0 and moved(free[group]["attn"]) > 0.0
+        assert moved(attn[group]["attn_norm"]) > 0.0  # 'attn_norm' is not under 'attn/'
+    assert moved(attn["moe_layers"]["moe"]) > 0.0 and moved(attn["lm_head"]) > 0.0
     check = Checker("rl")
-    validate_rl_stage(check, {"frozen": ["lm_head", "heads"]})
-    msgs = " ".join(f"{k}: {m}" for k, m in check.problems)
-    assert "heads" in msgs and "lm_head" in msgs and "final_norm" in msgs
+    validate_rl_stage(check, {"frozen": ["lm_head", "heads", "*/attn/*"]}, {"model": cfg.to_dict()})
+    assert [k for k, _ in check.problems] == ["rl.frozen"]
+    msg = check.problems[0][1]
+    assert "'heads' matches no parameter" in msg and "lm_head/kernel" in msg
