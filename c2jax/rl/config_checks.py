@@ -69,12 +69,24 @@ def _named(check: Checker, key: str, section: Mapping[str, Any], registry) -> tu
 def validate_rl(check: Checker, rl: Any, full: Any) -> None:
     c = resolve_rl_config(rl)
     known = {"group_size", "behaviour_logprobs", "overlong_mask", "advantage", "objective", "aggregation", "kl",
-             "rewards"} | set(STAGE_KEYS)
+             "rewards", "token_filter"} | set(STAGE_KEYS)
     raw = to_plain(rl) or {}
     for k in raw:
         if k not in known:
             check.error(k, f"unknown rl option; known: {sorted(known)}")
     validate_rl_stage(check, raw, full)
+    tf = c.get("token_filter")
+    if not isinstance(tf, dict):
+        check.error("token_filter", f"must be a dict(name=..., fraction=...), got {tf!r}")
+    else:
+        from c2jax.rl.loss import TOKEN_FILTERS
+
+        for k in tf:
+            if k not in ("name", "fraction"):
+                check.error(f"token_filter.{k}", "unknown option; known: ['fraction', 'name']")
+        if tf.get("name") not in TOKEN_FILTERS:
+            check.error("token_filter.name", f"must be one of {list(TOKEN_FILTERS)}, got {tf.get('name')!r}")
+        _num(check, "token_filter.fraction", tf.get("fraction"), lo=0.0, lo_open=True, hi=1.0)
 
     g = c["group_size"]
     if isinstance(g, bool) or not isinstance(g, int) or g < 2:

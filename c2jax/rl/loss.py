@@ -48,7 +48,30 @@ DEFAULT_RL_CONFIG: dict[str, Any] = dict(
     aggregation=dict(name="constant", constant=None),
     kl=dict(coef=0.0, estimator="k1", placement="reward", log_ratio_clip=20.0),
     rewards=dict(task=dict(weight=1.0)),
+    # which policy tokens carry the policy-gradient term: "none" = all of them; "top_entropy" = the
+    # `fraction` of the batch's policy tokens with the highest policy entropy (Wang et al. 2025, "Beyond
+    # the 80/20 rule": the forking tokens carry RL's signal; the rest add noise). KL terms keep all tokens.
+    token_filter=dict(name="none", fraction=0.2),
 )
+TOKEN_FILTERS = ("none", "top_entropy")
+
+
+def top_fraction_mask(score: jax.Array, mask: jax.Array, fraction: float) -> jax.Array:
+    """[B, L] 1.0 on the ceil(fraction * n) tokens under `mask` (n of them) with the highest `score`
+    (ties at the threshold all kept), 0 elsewhere."""
+    live = mask > 0
+    flat = jnp.where(live, score, -jnp.inf).reshape(-1)
+    n = jnp.sum(live)
+    k = jnp.clip(jnp.ceil(fraction * n).astype(jnp.int32), 1, flat.shape[0])
+    thr = jnp.take(-jnp.sort(-flat), k - 1)  # the k-th highest live score
+    return (live & (score >= thr)).astype(mask.dtype)
+
+
+def token_entropy(logits: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """Entropy (nats) of softmax(logits / temperature) in float32: [..., V] -> [...]."""
+    z = logits.astype(jnp.float32) / temperature
+    logp = jax.nn.log_softmax(z, axis=-1)
+    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
 def resolve_rl_config(cfg: Any = None) -> dict[str, Any]:
@@ -110,6 +133,12 @@ def make_rl_loss(cfg: Any = None, *, row_capacity: int | None = None) -> Callabl
         raise ValueError(f"rl.kl.placement must be one of {KL_PLACEMENTS}, got {placement!r}")
     reward_cfg = c["rewards"]
     overlong_mask = bool(c.get("overlong_mask", False))
+    tf = dict(c.get("token_filter") or {"name": "none"})
+    if tf.get("name", "none") not in TOKEN_FILTERS:
+        raise ValueError(f"rl.token_filter.name must be one of {TOKEN_FILTERS}, got {tf.get('name')!r}")
+    tf_fraction = float(tf.get("fraction", 0.2))
+    if tf["name"] != "none" and not 0.0 < tf_fraction <= 1.0:
+        raise ValueError(f"rl.token_filter.fraction must be in (0, 1], got {tf_fraction}")
     beh_key = {"sampling": "behaviour_logp", "raw": "raw_logp"}.get(c.get("behaviour_logprobs", "sampling"))
     if beh_key is None:
         raise ValueError(f"rl.behaviour_logprobs must be 'sampling' or 'raw', got {c.get('behaviour_logprobs')!r}")
@@ -147,7 +176,14 @@ def make_rl_loss(cfg: Any = None, *, row_capacity: int | None = None) -> Callabl
         agg_kw = dict(agg_cfg)
         if agg_name == "constant" and agg_kw.get("constant") is None and row_capacity is not None:
             agg_kw["constant"] = float(mask.shape[0] * int(row_capacity))  # B x full row, static
-        pg = agg_fn(per_tok, mask, ti, n, **agg_kw)
+        pg_mask = mask
+        if tf["name"] == "top_entropy":
+            if "token_entropy" not in batch:
+                raise KeyError("rl.token_filter 'top_entropy' needs batch['token_entropy'] [B, L] (the RL "
+                               "learner adds the policy's entropy at each position)")
+            pg_mask = mask * top_fraction_mask(jax.lax.stop_gradient(batch["token_entropy"]), mask, tf_fraction)
+            metrics["token_filter/kept_fraction"] = pg_mask.sum() / jnp.maximum(mask.sum(), 1.0)
+        pg = agg_fn(per_tok, pg_mask, ti, n, **agg_kw)
         loss = pg
         metrics["loss/pg"] = pg
         if coef > 0 and placement == "loss":

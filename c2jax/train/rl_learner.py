@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from c2jax.rl.loss import make_rl_loss, token_logprobs
+from c2jax.rl.loss import make_rl_loss, token_entropy, token_logprobs
 from c2jax.train.state import TrainState
 
 # pad_batch keys the learner does not need on device (dropped before jit).
@@ -128,8 +128,12 @@ def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
                              "only when every trajectory recorded routes")
         return (_logp_replay if replay else _logp_free)(params, batch)
 
+    with_entropy = dict(rl.get("token_filter") or {}).get("name", "none") != "none"
+
     def objective(params, batch, logp_ref, version):
         lp, out = forward(params, batch, replay_default)
+        if with_entropy:  # the token filter ranks policy tokens by the policy's entropy (no gradient)
+            batch = {**batch, "token_entropy": jax.lax.stop_gradient(token_entropy(out["logits"], temperature))}
         loss, metrics = loss_fn(lp, batch, logp_ref=logp_ref, current_version=version)
         return loss, (metrics, (jax.lax.stop_gradient(lp), out["routes"]))
 

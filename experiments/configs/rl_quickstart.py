@@ -30,6 +30,8 @@ Presets (after ':'):
     q0            linear length penalty (q = 0) instead of the concave one
     w_reinforce   successes weighted 0.1 against failures in the advantages (rl.advantage.positive_weight)
     mean_reward   rl.advantage.k = 1: the report's mean-reward GRPO advantage instead of the default best-of-2
+    top_entropy   the policy gradient on the 20% highest-entropy policy tokens of each batch only
+                  (rl.token_filter; Wang et al. 2025: the forking tokens carry RL's signal)
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
@@ -43,7 +45,7 @@ from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
 PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
-           "sft_matched")
+           "top_entropy", "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -82,6 +84,8 @@ def _rl(**over) -> dict:
         objective=dict(name="pg", tis_cap=placeholder(float)),
         aggregation=dict(name="constant", constant=placeholder(float)),
         kl=dict(coef=0.0, estimator="k1", placement="reward", log_ratio_clip=20.0),
+        # "top_entropy": the policy gradient on the `fraction` highest-entropy policy tokens only
+        token_filter=dict(name="none", fraction=0.2),
         rewards=dict(
             task=dict(weight=1.0),
             length=dict(fn="length_penalty", weight=0.002, k=0.05, q=0.5,
@@ -185,6 +189,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.advantage.positive_weight = 0.1
     elif arg == "mean_reward":
         config.rl.advantage.k = 1
+    elif arg == "top_entropy":
+        config.rl.token_filter.name = "top_entropy"
     elif arg == "sft_matched":
         # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
         # over scripted demonstrations of the same train tasks; evaluated like the RL stage.

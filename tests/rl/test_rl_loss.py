@@ -194,3 +194,48 @@ def test_outputs_adapter_temperature_and_raw_behaviour():
     del b["raw_logp"]
     with pytest.raises(KeyError, match="raw_logp"):
         rl_loss_from_outputs(dict(cfg, behaviour_logprobs="raw"))({"logits": logits}, b)
+
+
+def test_top_fraction_mask_keeps_the_highest_live_scores():
+    """Brute force over random scores: exactly ceil(fraction x live tokens) kept, all of them live, none
+    lower than a dropped live token."""
+    from c2jax.rl.loss import top_fraction_mask
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        score = rng.standard_normal((4, 16)).astype(np.float32)
+        mask = (rng.random((4, 16)) < 0.6).astype(np.float32)
+        frac = float(rng.uniform(0.05, 1.0))
+        keep = np.asarray(top_fraction_mask(jnp.asarray(score), jnp.asarray(mask), frac))
+        n = int(mask.sum())
+        assert keep.sum() == max(1, int(np.ceil(frac * n)))
+        assert np.all(keep <= mask)
+        dropped = (mask > 0) & (keep == 0)
+        if dropped.any():
+            assert score[keep > 0].min() >= score[dropped].max()
+
+
+def test_top_entropy_filter_is_the_policy_gradient_on_those_tokens_only():
+    """rl.token_filter 'top_entropy': the gradient equals the unfiltered one on the kept tokens and is 0
+    on the others; the loss needs batch['token_entropy'] (a clear error without it)."""
+    from c2jax.rl.loss import top_fraction_mask
+
+    b = batch_of(trajs_two_groups())
+    rng = np.random.default_rng(1)
+    ent = rng.random(b["loss_mask"].shape).astype(np.float32)
+    logp = jnp.asarray(b["behaviour_logp"])
+    cfg = dict(aggregation=dict(name="constant", constant=100.0))
+    plain = make_rl_loss(cfg)
+    filt = make_rl_loss(dict(cfg, token_filter=dict(name="top_entropy", fraction=0.3)))
+    g_plain = np.asarray(jax.grad(lambda lp: plain(lp, b)[0])(logp))
+    bf = dict(b, token_entropy=ent)
+    (_, m), g = jax.value_and_grad(filt, has_aux=True)(logp, bf)
+    keep = np.asarray(top_fraction_mask(jnp.asarray(ent), jnp.asarray(b["loss_mask"]), 0.3)) > 0
+    assert 0 < keep.sum() < (b["loss_mask"] > 0).sum()
+    np.testing.assert_allclose(np.asarray(g)[keep], g_plain[keep], rtol=1e-6)
+    assert np.all(np.asarray(g)[~keep] == 0) and np.any(g_plain[~keep] != 0)
+    assert float(m["token_filter/kept_fraction"]) == pytest.approx(keep.sum() / (b["loss_mask"] > 0).sum())
+    with pytest.raises(KeyError, match="token_entropy"):
+        filt(logp, b)
+    with pytest.raises(ConfigError, match="token_filter"):
+        validate(rl_config(token_filter=dict(name="entropy", fraction=1.5)))

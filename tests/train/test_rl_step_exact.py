@@ -309,3 +309,28 @@ def test_fitted_learner_rows_give_the_same_gradient(stepped):
     g_swap, _ = learner.grads(params, batch(swapped, row_len))
     assert any(not np.allclose(np.asarray(a), np.asarray(w), rtol=1e-4, atol=1e-7)
                for a, w in zip(jax.tree_util.tree_leaves(g_swap), leaves_full))
+
+
+def test_learner_token_filter_ranks_by_the_policys_entropy(stepped):
+    """rl.token_filter through the learner: with fraction 1.0 every policy token is kept (the gradient of
+    the unfiltered loss); with 0.2 the gradient differs (the learner computed the entropies)."""
+    import copy
+
+    from c2jax.train.rl_learner import make_learner
+
+    trajs = [copy.deepcopy(s.trajectory) for s in stepped["out"].samples if not s.mask_reason]
+    for t, r in zip(trajs, [1.0, 0.0, 1.0, 0.0]):
+        t.reward_terms["task"] = r
+    b = _batch(trajs, num_rows=4)
+    cfg, params = stepped["cfg"], stepped["params"]
+    g_plain, _ = stepped["learner"].grads(params, b)
+    all_tokens = make_learner(cfg, dict(stepped["rl"], token_filter={"name": "top_entropy", "fraction": 1.0}), params)
+    g_all, m = all_tokens.grads(params, b)
+    assert float(m["token_filter/kept_fraction"]) == 1.0
+    for a, w in zip(jax.tree_util.tree_leaves(g_all), jax.tree_util.tree_leaves(g_plain)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(w), rtol=1e-5, atol=1e-8)
+    some = make_learner(cfg, dict(stepped["rl"], token_filter={"name": "top_entropy", "fraction": 0.2}), params)
+    g_some, m = some.grads(params, b)
+    assert 0.15 < float(m["token_filter/kept_fraction"]) < 0.3
+    assert any(not np.allclose(np.asarray(a), np.asarray(w), rtol=1e-5, atol=1e-8)
+               for a, w in zip(jax.tree_util.tree_leaves(g_some), jax.tree_util.tree_leaves(g_plain)))
