@@ -20,8 +20,8 @@ SFT policy and the final RL policy on the held-out split (pass@1 and pass@8 with
 paired differences) with the same command; see ``runs/rl/rl/report.md``.
 
 Presets (after ':'):
-    default       the run above (16 steps x 4 tasks x 8 rollouts = 512 graded rollouts; best-of-2
-                  advantages, rl.advantage.k = 2: the group-mean baseline over max-of-2 rewards)
+    default       the run above (16 steps x 4 tasks x 8 rollouts = 512 graded rollouts; the report's
+                  mean-reward GRPO advantage, rl.advantage.k = 1)
     smoke         a tiny model and a few steps of each stage (the default tests run it)
     std_norm      advantages divided by the group std (GRPO; the report's Dr. GRPO leaves it off)
     token_mean    loss averaged per token over the batch instead of a constant normaliser
@@ -29,7 +29,9 @@ Presets (after ':'):
     no_replay     learner forward without router replay
     q0            linear length penalty (q = 0) instead of the concave one
     w_reinforce   successes weighted 0.1 against failures in the advantages (rl.advantage.positive_weight)
-    mean_reward   rl.advantage.k = 1: the report's mean-reward GRPO advantage instead of the default best-of-2
+    best_of_2     rl.advantage.k = 2: the group-mean baseline over max-of-2 rewards, an unbiased best-of-2
+                  gradient (the default from 2026-12-04 to 12-05; on the current SFT draw it lowers pass@1)
+    mean_reward   rl.advantage.k = 1, the same as the default (kept so the logged commands still run)
     top_entropy   the policy gradient on the 20% highest-entropy policy tokens of each batch only
                   (rl.token_filter; Wang et al. 2025: the forking tokens carry RL's signal)
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
@@ -45,7 +47,7 @@ from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
 PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
-           "top_entropy", "sft_matched")
+           "best_of_2", "top_entropy", "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -78,9 +80,10 @@ def _rl(**over) -> dict:
         behaviour_logprobs="sampling",
         overlong_mask=False,
         # positive_weight < 1 weights successes below failures (W-REINFORCE; preset `w_reinforce`: 0.1);
-        # k = 2 trains best-of-2: each reward becomes the mean of max(reward) over the pairs of its group
-        # that hold it (c2jax/rl/max_at_k.py); preset `mean_reward`: k = 1, the report's plain GRPO
-        advantage=dict(name="grpo", std_normalize=False, scale=1.0, positive_weight=1.0, k=2),
+        # k = 1: the report's mean-reward GRPO (group-mean baseline). Preset `best_of_2`: k = 2, each reward
+        # the mean of max(reward) over the pairs of its group that hold it (c2jax/rl/max_at_k.py); it lowered
+        # held-out pass@1 on the current SFT draw (seed 1: -0.048 against k = 1's +0.011; docs/rl_experiments.md)
+        advantage=dict(name="grpo", std_normalize=False, scale=1.0, positive_weight=1.0, k=1),
         objective=dict(name="pg", tis_cap=placeholder(float)),
         aggregation=dict(name="constant", constant=placeholder(float)),
         kl=dict(coef=0.0, estimator="k1", placement="reward", log_ratio_clip=20.0),
@@ -189,6 +192,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.advantage.positive_weight = 0.1
     elif arg == "mean_reward":
         config.rl.advantage.k = 1
+    elif arg == "best_of_2":
+        config.rl.advantage.k = 2
     elif arg == "top_entropy":
         config.rl.token_filter.name = "top_entropy"
     elif arg == "sft_matched":

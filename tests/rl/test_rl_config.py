@@ -35,7 +35,7 @@ def _paths(d, prefix=""):
 
 
 @pytest.mark.parametrize("preset", ["default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0",
-                                    "w_reinforce", "mean_reward", "sft_matched"])
+                                    "w_reinforce", "mean_reward", "best_of_2", "top_entropy", "sft_matched"])
 def test_rl_quickstart_writes_every_rl_default(preset):
     from c2jax.config import validate
     from c2jax.rl.stage_config import full_rl_defaults
@@ -94,7 +94,9 @@ def test_presets_change_what_they_say():
     assert m.get_config("q0").rl.rewards.length.q == 0.0
     assert m.get_config("w_reinforce").rl.advantage.positive_weight == 0.1
     assert m.get_config("default").rl.advantage.positive_weight == 1.0
-    assert m.get_config("default").rl.advantage.k == 2 and m.get_config("mean_reward").rl.advantage.k == 1
+    assert m.get_config("default").rl.advantage.k == 1 and m.get_config("best_of_2").rl.advantage.k == 2
+    assert m.get_config("mean_reward").rl.advantage.k == 1
+    assert m.get_config("top_entropy").rl.token_filter.name == "top_entropy"
     assert m.get_config("default").rl.kl.coef == 0.0 and m.get_config("default").rl.kl.estimator == "k1"
 
 
