@@ -133,11 +133,12 @@ def make_rl_loss(cfg: Any = None, *, row_capacity: int | None = None) -> Callabl
         raise ValueError(f"rl.kl.placement must be one of {KL_PLACEMENTS}, got {placement!r}")
     reward_cfg = c["rewards"]
     overlong_mask = bool(c.get("overlong_mask", False))
-    tf = dict(c.get("token_filter") or {"name": "none"})
-    if tf.get("name", "none") not in TOKEN_FILTERS:
-        raise ValueError(f"rl.token_filter.name must be one of {TOKEN_FILTERS}, got {tf.get('name')!r}")
-    tf_fraction = float(tf.get("fraction", 0.2))
-    if tf["name"] != "none" and not 0.0 < tf_fraction <= 1.0:
+    token_filter = dict(c.get("token_filter") or {"name": "none"})
+    filter_name = token_filter.get("name", "none")
+    if filter_name not in TOKEN_FILTERS:
+        raise ValueError(f"rl.token_filter.name must be one of {TOKEN_FILTERS}, got {filter_name!r}")
+    tf_fraction = float(token_filter.get("fraction", 0.2))
+    if filter_name != "none" and not 0.0 < tf_fraction <= 1.0:
         raise ValueError(f"rl.token_filter.fraction must be in (0, 1], got {tf_fraction}")
     beh_key = {"sampling": "behaviour_logp", "raw": "raw_logp"}.get(c.get("behaviour_logprobs", "sampling"))
     if beh_key is None:
@@ -177,7 +178,7 @@ def make_rl_loss(cfg: Any = None, *, row_capacity: int | None = None) -> Callabl
         if agg_name == "constant" and agg_kw.get("constant") is None and row_capacity is not None:
             agg_kw["constant"] = float(mask.shape[0] * int(row_capacity))  # B x full row, static
         pg_mask = mask
-        if tf["name"] == "top_entropy":
+        if filter_name == "top_entropy":
             if "token_entropy" not in batch:
                 raise KeyError("rl.token_filter 'top_entropy' needs batch['token_entropy'] [B, L] (the RL "
                                "learner adds the policy's entropy at each position)")

@@ -70,8 +70,7 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
 )
 
 REFERENCES = ("init", "none")
-# Top-level groups of the model's parameter tree (c2jax.model.params_spec.param_specs), for rl.frozen.
-PARAM_GROUPS = ("embed", "dense_layers", "moe_layers", "final_norm", "lm_head", "mtp")
+
 RL_OPTIMIZERS = ("adamw", "muon")
 SERVICE_BACKENDS = ("local", "ray")
 
@@ -133,6 +132,11 @@ def frozen_match(pattern: str, path: str) -> bool:
     return fnmatch.fnmatchcase(path, pattern) or path.startswith(pattern.rstrip("/") + "/")
 
 
+def path_name(keypath: Any) -> str:
+    """A JAX key path as the '/'-joined name `rl.frozen` matches ('moe_layers/attn/o_proj/kernel')."""
+    return "/".join(str(getattr(k, "key", k)) for k in keypath)
+
+
 def param_paths(cfg: Any) -> list[str]:
     """'/'-joined paths of every parameter of model config `cfg` (c2jax.model.params_spec)."""
     import jax
@@ -140,7 +144,7 @@ def param_paths(cfg: Any) -> list[str]:
     from c2jax.model.params_spec import param_specs
 
     leaves = jax.tree_util.tree_flatten_with_path(param_specs(cfg), is_leaf=lambda x: hasattr(x, "trainable"))[0]
-    return ["/".join(str(getattr(k, "key", k)) for k in p) for p, _ in leaves]
+    return [path_name(p) for p, _ in leaves]
 
 
 def _model_param_paths(full: Any) -> list[str]:
@@ -195,8 +199,8 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any], full: Any = None) -> N
     _float(check, "optimizer.clip_norm", opt.get("clip_norm"), 0.0, lo_open=True, allow_none=True)
     frozen = c["frozen"]
     if not isinstance(frozen, (list, tuple)) or any(not isinstance(x, str) or not x for x in frozen):
-        check.error("frozen", f"must be a list of parameter path globs such as {list(PARAM_GROUPS[:2])} or "
-                    f"'*/attn/*', got {frozen!r}")
+        check.error("frozen", f"must be a list of parameter path globs such as ['lm_head'] or ['*/attn/*'], "
+                    f"got {frozen!r}")
     elif frozen:
         paths = _model_param_paths(full)
         if paths:

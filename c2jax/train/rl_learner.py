@@ -69,7 +69,7 @@ def rl_trainable_mask(cfg: Any, rl: Mapping[str, Any]) -> Any:
     ``rl.frozen`` entry (a glob over '/'-joined paths or a group / path prefix, e.g. ``lm_head`` or
     ``*/attn/*``) frozen too. An entry that covers no parameter raises."""
     from c2jax.model.params_spec import trainable_mask
-    from c2jax.rl.stage_config import frozen_match
+    from c2jax.rl.stage_config import frozen_match, path_name
 
     frozen = tuple(rl.get("frozen", ()) or ())
     mask = trainable_mask(cfg)
@@ -78,8 +78,7 @@ def rl_trainable_mask(cfg: Any, rl: Mapping[str, Any]) -> Any:
     hit = {p: False for p in frozen}
 
     def one(path, trainable):
-        name = "/".join(str(getattr(k, "key", k)) for k in path)
-        covered = [p for p in frozen if frozen_match(p, name)]
+        covered = [p for p in frozen if frozen_match(p, path_name(path))]
         for p in covered:
             hit[p] = True
         return bool(trainable) and not covered

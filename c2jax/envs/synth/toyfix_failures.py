@@ -7,7 +7,7 @@ to change -> sed that line by the number just printed -> print it -> finish. A f
 assigned the first step that went wrong:
 
     malformed          fewer than three tool calls, or one of the first three not parseable
-    no_grep_op         the second call is not `grep -nF '<op>' ...`
+    no_grep_op         the second call is not `grep -nF [-e] '<op>' ...`
     op_not_listed      the operator it greps is not in the first grep's output (a prior, not a read)
     sed_malformed      the third call is not `sed -i '<N>s/...`
     line_not_copied    the sed line N is not a line number the second grep printed
@@ -29,7 +29,7 @@ from typing import Any, Iterable, Sequence
 
 STEPS = ("resolved", "malformed", "no_grep_op", "op_not_listed", "sed_malformed", "line_not_copied",
          "sed_no_match", "wrong_edit")
-_GREP_OP = re.compile(r"grep -nF '(.*?)' ")
+_GREP_OP = re.compile(r"grep -nF (?:-e )?'(.*?)' ")  # demos add -e before a pattern that starts with -
 _SED = re.compile(r"sed -i '(\d+)s/")
 _LINE_NO = re.compile(r"^(\d+):", re.M)
 
