@@ -33,9 +33,22 @@ def family_args(config: Any) -> dict:
     return args
 
 
+def family_key(config: Any) -> dict:
+    """The family's identity: its arguments and the generator that makes it (`generator_key`: version
+    and code) and the demonstrator's code. The family directory, the demonstrations' cache and the
+    cold-start SFT build directory are keyed by it, so editing the generator or the demonstrator
+    builds everything made from them again instead of reusing another generator's tasks."""
+    from c2jax.envs.synth import toyfix_shell_demos
+    from c2jax.envs.synth.toyfix import generator_key
+
+    with open(toyfix_shell_demos.__file__, "rb") as f:
+        demos = hashlib.sha256(f.read()).hexdigest()[:16]
+    return {**family_args(config), "generator": generator_key(), "demonstrator": demos}
+
+
 def family_dir(config: Any) -> str:
     args = family_args(config)
-    h = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:12]
+    h = hashlib.sha256(json.dumps(family_key(config), sort_keys=True).encode()).hexdigest()[:12]
     return os.path.join(cache_root(config), "tasks", f"toyfix-d{args['difficulty']}-{h}")
 
 

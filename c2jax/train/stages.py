@@ -73,7 +73,9 @@ def build_cache(config: Any) -> tuple[list[str], dict[str, str], Any]:
       ``seed``, ``build.dir``, the sections of the stages after the build and ``rl`` (but ``rl.tasks``,
       the task family the demonstrations come from) and the sections the later build stages own;
     - each later build stage runs in ``<previous stage's directory>/<name>-<hash>``, keyed by its own
-      section and its `BUILD_STAGE_EXTRA_SECTIONS` (agent_sft: ``agent_sft``, ``agent``, ``rl.tasks``).
+      section and its `BUILD_STAGE_EXTRA_SECTIONS` (agent_sft: ``agent_sft``, ``agent``, ``rl.tasks``;
+      the family's key also holds its generator's version and code and the demonstrator's code,
+      `rl_family.family_key`, so editing either rebuilds the cold start, not CPT).
 
     So ``--config.agent_sft.steps=450`` reuses the CPT checkpoint and reruns SFT only, while a change
     to ``model`` or ``train`` rebuilds every stage. Returns (stages, {stage: directory}, build config)."""
@@ -86,6 +88,10 @@ def build_cache(config: Any) -> tuple[list[str], dict[str, str], Any]:
     later = {s for s in list(config.stages) if s not in stages}  # sections of the later stages (rl, ...)
     plain = {k: to_plain(v) for k, v in config.items() if k not in {"seed", "build", "stages", "rl"} | later}
     plain["rl_tasks"] = (to_plain(config.get("rl")) or {}).get("tasks")  # the task family the demos come from
+    if plain["rl_tasks"] is not None and "agent_sft" in stages:
+        from c2jax.train.rl_family import family_key
+
+        plain["rl_tasks"] = family_key(config)  # its arguments + the generator's and demonstrator's code
     owned = {s: (s,) + BUILD_STAGE_EXTRA_SECTIONS.get(s, ()) for s in stages[1:]}
     claimed = {k for secs in owned.values() for k in secs}
     first = {k: v for k, v in plain.items() if k not in claimed}

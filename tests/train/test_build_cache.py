@@ -63,3 +63,37 @@ def test_data_pin_is_inherited_by_the_next_stage(tmp_path):
         json.dump({"corpus_dir": "/elsewhere"}, f)
     _inherit_data_pin(["cpt", "agent_sft"], dirs, "agent_sft")
     assert json.load(open(os.path.join(dirs["agent_sft"], "data.json"))) == pin
+
+
+def test_a_changed_task_generator_or_demonstrator_rebuilds_the_family_and_the_cold_start(monkeypatch):
+    """The demonstrations and the SFT checkpoint are made from the family's tasks, so a generator change
+    (its version or code: `toyfix.generator_key`) or a demonstrator change must give a new family
+    directory and a new SFT build directory, while CPT (which never reads the family) is reused.
+    Positive control: with the generator and demonstrator unchanged, the directories are the same."""
+    from c2jax.envs.synth import toyfix
+    from c2jax.train import rl_family
+
+    config = rl_quickstart.get_config("default")
+    base, base_family = _dirs(), rl_family.family_dir(config)
+    assert _dirs() == base and rl_family.family_dir(config) == base_family  # control: deterministic
+    monkeypatch.setattr(toyfix, "GENERATOR_VERSION", toyfix.GENERATOR_VERSION + "-changed")
+    changed, changed_family = _dirs(), rl_family.family_dir(config)
+    assert changed["cpt"] == base["cpt"]
+    assert changed["agent_sft"] != base["agent_sft"] and changed_family != base_family
+    monkeypatch.undo()
+    real_open = open
+
+    def demonstrator_edited(path, *a, **k):  # the demonstrator's source as if one byte changed
+        f = real_open(path, *a, **k)
+        if str(path).endswith("toyfix_shell_demos.py"):
+            data = f.read() + (b"#" if "b" in (a[0] if a else k.get("mode", "r")) else "#")
+            f.close()
+            import io
+            return io.BytesIO(data) if isinstance(data, bytes) else io.StringIO(data)
+        return f
+
+    monkeypatch.setattr("builtins.open", demonstrator_edited)
+    edited, edited_family = _dirs(), rl_family.family_dir(config)
+    monkeypatch.undo()
+    assert edited["cpt"] == base["cpt"]
+    assert edited["agent_sft"] != base["agent_sft"] and edited_family != base_family

@@ -52,7 +52,7 @@ from c2jax.envs.synth.toyfix_programs import (ARCHETYPES, VOCAB, WORDS, Archetyp
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = "4"
+GENERATOR_VERSION = "5"
 GENERATOR = "c2jax.envs.synth.toyfix"
 TOYFIX_TOOLS: tuple[str, ...] = ("read_file", "search_replace", "run_terminal_cmd")
 DIFFICULTIES = (0, 1, 2, 3)
@@ -290,6 +290,13 @@ def _code_digest() -> str:
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]
+
+
+def generator_key() -> str:
+    """What the generated tasks depend on besides `build_toyfix`'s arguments: the generator's version
+    and code. Caches of things made from a family (its directory, its demonstrations, a checkpoint
+    trained on them) include it, so a changed generator never reuses another generator's tasks."""
+    return f"{GENERATOR_VERSION}-{_code_digest()}"
 
 
 def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, str], start: int = 0,
