@@ -23,8 +23,11 @@ VOCAB: dict[str, dict[str, tuple]] = {
         "num": ("x", "y", "n", "width", "weight", "value"),
         "list": ("items", "values", "nums"),
         "str": ("text", "word", "name"),
-        "item": ("item", "v"),
-        "acc": ("total", "result", "acc"),
+        # 3 item x 6 accumulator names: 24 distinct `-=` fixes, so the train split (generated first)
+        # does not take them all and the demonstration split gets the kind too (with 2 x 3: 9, all
+        # taken by train tasks, and no demonstration of the kind at all)
+        "item": ("item", "v", "piece"),
+        "acc": ("total", "result", "acc", "agg", "running", "subtotal"),
         "const": (2, 3, 5, 7),
         "symbol": ("*", "+"),
         "letter": ("a", "e", "r"),
