@@ -4,7 +4,7 @@
     python experiments/run.py --config experiments/configs/rl_quickstart.py --workdir runs/rl_s1 --config.seed=1
     python experiments/run.py --config experiments/configs/rl_quickstart.py:smoke --workdir runs/rl_smoke
 
-The cold start: 1000 CPT steps, then ~3.8k scripted shell episodes on the family's demo split
+The cold start: 1000 CPT steps, then ~3.9k scripted shell episodes on the family's demo split
 (difficulty 0, style `shell_locate`: grep the lines with a binary operator, grep the operator to
 change, sed that line by the number just printed, print it, finish; the harness declares the terminal
 tool only; ~200 policy tokens per demonstration), 600 SFT steps on rows fitted to the demonstrations
@@ -52,7 +52,7 @@ VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
 TOYFIX_TOOLS = ["run_terminal_cmd"]
-SFT_MATCHED_WALL_S = 466.0  # the default RL stage's training time (rl.time.rl_s: 466 s, seed 0, 8 tasks per step, 2026-12-05)
+SFT_MATCHED_WALL_S = 466.0  # the default RL stage's training time (rl.time.rl_s, seed 0, 8 tasks per step: 466 s on generator v4, 483 s on v5)
 SYSTEM = "You fix bugs in the repository at /workspace with the tools. Read the code, fix it, check it, then stop."
 
 
