@@ -44,7 +44,7 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     learner_row_multiple=0,
     max_in_flight=32,  # episodes running concurrently (engine slots and sandboxes)
     reference="init",  # frozen reference policy for the KL metrics/term: the stage's initial (SFT) weights
-    init_from="previous",  # 'previous' (the previous stage's checkpoint) | 'ckpt:PATH' | 'scratch'
+    init_from="previous",  # 'previous' (the previous stage's checkpoint) | 'ckpt:PATH' | 'hf:PATH' | 'scratch'
     ckpt_every=1,  # step checkpoints (resume point after a kill)
     keep_checkpoints=2,
     log_every=1,
@@ -186,8 +186,9 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any], full: Any = None) -> N
     if c["reference"] not in REFERENCES:
         check.error("reference", f"must be one of {list(REFERENCES)}, got {c['reference']!r}")
     init = c["init_from"]
-    if not isinstance(init, str) or not (init in ("previous", "scratch") or init.startswith("ckpt:")):
-        check.error("init_from", f"must be 'previous', 'scratch' or 'ckpt:PATH', got {init!r}")
+    # hf:PATH: a Hugging Face / serving checkpoint directory, e.g. another run's `policy_final`
+    if not isinstance(init, str) or not (init in ("previous", "scratch") or init.startswith(("ckpt:", "hf:"))):
+        check.error("init_from", f"must be 'previous', 'scratch', 'ckpt:PATH' or 'hf:PATH', got {init!r}")
     opt = dict(c["optimizer"])
     _sub(check, "optimizer", opt, d["optimizer"])
     if opt.get("name") not in RL_OPTIMIZERS:

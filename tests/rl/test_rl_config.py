@@ -200,3 +200,32 @@ def test_demo_style_choices_are_validated_before_compute():
     cfg.agent_sft.demo_style = "shell_locate_quotes"
     with pytest.raises(ConfigError, match="shell_locate_qf"):
         validate(cfg, warn=False)
+
+
+def test_rl_starts_from_another_runs_policy_with_init_from_hf(tmp_path):
+    """`rl.init_from='hf:DIR'` (e.g. an `sft_matched` run's `policy_final`) passes validation and the
+    stage starts from exactly the saved parameters; an unknown scheme is rejected before compute."""
+    import jax
+    import numpy as np
+
+    from c2jax.config import ConfigError, validate
+    from c2jax.model import init
+    from c2jax.model.config import preset
+    from c2jax.model.hf.io import save_pretrained
+    from c2jax.train.rl import initial_params
+
+    cfg_m = preset("tiny")
+    saved = init(cfg_m, jax.random.PRNGKey(3))
+    save_pretrained(saved, cfg_m, str(tmp_path))
+    cfg = _module().get_config("default")
+    cfg.rl.init_from = f"hf:{tmp_path}"
+    validate(cfg, warn=False)
+    got = initial_params(cfg, {"init_from": f"hf:{tmp_path}"}, {}, cfg_m)
+    fresh = init(cfg_m, jax.random.PRNGKey(4))  # control: another init differs, so equality means something
+    leaves = lambda t: jax.tree_util.tree_leaves(t)  # noqa: E731
+    assert len(leaves(got)) == len(leaves(saved))
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(leaves(got), leaves(saved)))
+    assert not all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(leaves(fresh), leaves(saved)))
+    cfg.rl.init_from = f"hub:{tmp_path}"
+    with pytest.raises(ConfigError, match="hf:PATH"):
+        validate(cfg, warn=False)
