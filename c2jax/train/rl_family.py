@@ -39,11 +39,10 @@ def family_key(config: Any) -> dict:
     cold-start SFT build directory are keyed by it, so editing the generator or the demonstrator
     builds everything made from them again instead of reusing another generator's tasks."""
     from c2jax.envs.synth import toyfix_shell_demos
-    from c2jax.envs.synth.toyfix import generator_key
+    from c2jax.envs.synth.toyfix import generator_key, source_digest
 
-    with open(toyfix_shell_demos.__file__, "rb") as f:
-        demos = hashlib.sha256(f.read()).hexdigest()[:16]
-    return {**family_args(config), "generator": generator_key(), "demonstrator": demos}
+    return {**family_args(config), "generator": generator_key(),
+            "demonstrator": source_digest(toyfix_shell_demos.__file__)}
 
 
 def family_dir(config: Any) -> str:

@@ -65,7 +65,7 @@ def test_data_pin_is_inherited_by_the_next_stage(tmp_path):
     assert json.load(open(os.path.join(dirs["agent_sft"], "data.json"))) == pin
 
 
-def test_a_changed_task_generator_or_demonstrator_rebuilds_the_family_and_the_cold_start(monkeypatch):
+def test_a_changed_task_generator_or_demonstrator_rebuilds_the_family_and_the_cold_start(monkeypatch, tmp_path):
     """The demonstrations and the SFT checkpoint are made from the family's tasks, so a generator change
     (its version or code: `toyfix.generator_key`) or a demonstrator change must give a new family
     directory and a new SFT build directory, while CPT (which never reads the family) is reused.
@@ -81,18 +81,11 @@ def test_a_changed_task_generator_or_demonstrator_rebuilds_the_family_and_the_co
     assert changed["cpt"] == base["cpt"]
     assert changed["agent_sft"] != base["agent_sft"] and changed_family != base_family
     monkeypatch.undo()
-    real_open = open
+    from c2jax.envs.synth import toyfix_shell_demos
 
-    def demonstrator_edited(path, *a, **k):  # the demonstrator's source as if one byte changed
-        f = real_open(path, *a, **k)
-        if str(path).endswith("toyfix_shell_demos.py"):
-            data = f.read() + (b"#" if "b" in (a[0] if a else k.get("mode", "r")) else "#")
-            f.close()
-            import io
-            return io.BytesIO(data) if isinstance(data, bytes) else io.StringIO(data)
-        return f
-
-    monkeypatch.setattr("builtins.open", demonstrator_edited)
+    edited_copy = tmp_path / "toyfix_shell_demos.py"  # the demonstrator's source with one byte more
+    edited_copy.write_bytes(open(toyfix_shell_demos.__file__, "rb").read() + b"#")
+    monkeypatch.setattr(toyfix_shell_demos, "__file__", str(edited_copy))
     edited, edited_family = _dirs(), rl_family.family_dir(config)
     monkeypatch.undo()
     assert edited["cpt"] == base["cpt"]

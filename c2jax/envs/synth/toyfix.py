@@ -281,15 +281,20 @@ def _seed(seed: int, stream: str, difficulty: int, i: int) -> int:
     return int(hashlib.sha256(f"toyfix:{seed}:{stream}:{difficulty}:{i}".encode()).hexdigest()[:12], 16)
 
 
+def source_digest(*paths: str) -> str:
+    """Digest of the bytes of the given source files, in order."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
 def _code_digest() -> str:
     """Digest of the generator's code (this module and the programs it builds tasks from)."""
     from c2jax.envs.synth import toyfix_programs
 
-    h = hashlib.sha256()
-    for path in (__file__, toyfix_programs.__file__):
-        with open(path, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()[:16]
+    return source_digest(__file__, toyfix_programs.__file__)
 
 
 def generator_key() -> str:
