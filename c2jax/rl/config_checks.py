@@ -193,3 +193,8 @@ def validate_rl(check: Checker, rl: Any, full: Any) -> None:
                         check.error(f"{key}.weights.{f}", f"unknown effort field; known: {list(EFFORT_FIELDS)}")
                     else:
                         _num(check, f"{key}.weights.{f}", v, lo=0.0)
+        if fn_name == "unlikeliness":
+            if not isinstance(kwargs.get("of", "task"), str):
+                check.error(f"{key}.of", f"must name a reward term of the trajectory (e.g. 'task'), got {kwargs['of']!r}")
+            if kwargs.get("logp_key", "behaviour_logp") not in ("behaviour_logp", "raw_logp"):
+                check.error(f"{key}.logp_key", f"must be 'behaviour_logp' or 'raw_logp', got {kwargs['logp_key']!r}")

@@ -13,6 +13,12 @@ moves. Registered terms (REWARD_TERMS):
   C_{k,q}(x) = ((1 + k x)^(1-q) - 1) / (k (1 - q)). Positive config weight = penalty strength.
 * ``broken_tool_calls``: -(number of malformed tool calls). Real-time RL found the policy emitting
   broken calls on hard tasks when such samples were discarded; they now count as negatives.
+* ``unlikeliness``: -R_i * rank_i / G_i, the "unlikeliness reward" of He, Fried & Welleck (2025,
+  "Rewarding the Unlikely: Lifting GRPO Beyond Distribution Sharpening"). rank_i is trajectory i's
+  place (0 = least likely) among the G_i usable members of its group, ordered by the sampler's mean
+  logprob per policy token; R_i is the term ``of`` (default ``task``). With weight beta the total is
+  R_i (1 - beta rank_i / G_i): of two correct samples the likelier one earns less, which counters
+  GRPO's bias towards reinforcing what the policy already samples most (the paper: beta = 0.25).
 
 A non-finite term makes that trajectory's total non-finite; the advantage estimator then masks it
 and counts it (``adv/nonfinite_rewards``), and ``reward/<label>/nonfinite`` says which term did it.
@@ -80,6 +86,38 @@ def length_penalty_term(batch: Mapping[str, Any], *, k: float, q: float, weights
 def broken_tool_calls_term(batch: Mapping[str, Any]) -> jax.Array:
     """-(number of malformed tool calls) per trajectory [N]."""
     return -jnp.asarray(batch["tool_stats"]["malformed"], jnp.float32)
+
+
+@REWARD_TERMS.register("unlikeliness")
+def unlikeliness_term(batch: Mapping[str, Any], *, of: str = "task", logp_key: str = "behaviour_logp") -> jax.Array:
+    """-R_i * rank_i / G_i per trajectory [N] (see the module docstring).
+
+    The per-trajectory likelihood is the mean of batch[logp_key] [R, L] over the trajectory's policy
+    tokens (loss_mask); ranks count the group's usable members (traj_valid, not infra_failed, at least
+    one policy token) strictly less likely, ties broken by trajectory order, as argsort(argsort) does.
+    Unusable trajectories get 0 (they are masked out of the loss anyway)."""
+    r = term_from_trajectory(batch, key=of)  # [N]
+    n = r.shape[0]
+    if logp_key not in batch:
+        raise KeyError(f"unlikeliness: batch has no {logp_key!r} (pad_batch adds 'behaviour_logp', and 'raw_logp' "
+                       f"when every segment has raw logprobs)")
+    ti = batch["traj_index"].reshape(-1)  # [R*L]
+    seg = jnp.where(ti >= 0, ti, n)  # padding -> overflow segment n
+    mask = jnp.asarray(batch["loss_mask"], jnp.float32).reshape(-1)
+    logp = jnp.asarray(batch[logp_key], jnp.float32).reshape(-1)
+    total = jax.ops.segment_sum(logp * mask, seg, num_segments=n + 1)[:n]  # [N]
+    count = jax.ops.segment_sum(mask, seg, num_segments=n + 1)[:n]  # [N]
+    mean = total / jnp.maximum(count, 1.0)  # [N]
+    usable = (jnp.asarray(batch["traj_valid"]) > 0) & (count > 0) & jnp.isfinite(mean)
+    if "infra_failed" in batch:
+        usable = usable & (jnp.asarray(batch["infra_failed"]) == 0)
+    g = jnp.asarray(batch["group_index"])
+    same = (g[:, None] == g[None, :]) & usable[:, None] & usable[None, :]  # [N, N]
+    order = jnp.arange(n)
+    below = (mean[None, :] < mean[:, None]) | ((mean[None, :] == mean[:, None]) & (order[None, :] < order[:, None]))
+    rank = jnp.sum(same & below, axis=1).astype(jnp.float32)  # [N]
+    size = jnp.sum(same, axis=1).astype(jnp.float32)  # [N]
+    return jnp.where(usable, -r * rank / jnp.maximum(size, 1.0), 0.0)
 
 
 def term_spec(label: str, cfg: Mapping[str, Any]) -> tuple[str, Any, dict]:

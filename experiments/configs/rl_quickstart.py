@@ -34,6 +34,9 @@ Presets (after ':'):
     mean_reward   rl.advantage.k = 1, the same as the default (kept so the logged commands still run)
     top_entropy   the policy gradient on the 20% highest-entropy policy tokens of each batch only
                   (rl.token_filter; Wang et al. 2025: the forking tokens carry RL's signal)
+    unlikely      adds the unlikeliness reward (He, Fried & Welleck 2025), weight 0.25: a correct sample's
+                  task reward is scaled by 1 - 0.25 * rank / G, rank 0 = the group's least likely sample,
+                  so RL stops reinforcing only what the policy already samples most (rl.rewards.unlikeliness)
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
@@ -47,7 +50,7 @@ from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
 PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
-           "best_of_2", "top_entropy", "sft_matched")
+           "best_of_2", "top_entropy", "unlikely", "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -198,6 +201,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.advantage.k = 2
     elif arg == "top_entropy":
         config.rl.token_filter.name = "top_entropy"
+    elif arg == "unlikely":
+        config.rl.rewards.unlikeliness = dict(fn="unlikeliness", weight=0.25, of="task", logp_key="behaviour_logp")
     elif arg == "sft_matched":
         # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
         # over scripted demonstrations of the same train tasks; evaluated like the RL stage.

@@ -35,7 +35,7 @@ def _paths(d, prefix=""):
 
 
 @pytest.mark.parametrize("preset", ["default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0",
-                                    "w_reinforce", "mean_reward", "best_of_2", "top_entropy", "sft_matched"])
+                                    "w_reinforce", "mean_reward", "best_of_2", "top_entropy", "unlikely", "sft_matched"])
 def test_rl_quickstart_writes_every_rl_default(preset):
     from c2jax.config import validate
     from c2jax.rl.stage_config import full_rl_defaults
@@ -97,6 +97,9 @@ def test_presets_change_what_they_say():
     assert m.get_config("default").rl.advantage.k == 1 and m.get_config("best_of_2").rl.advantage.k == 2
     assert m.get_config("mean_reward").rl.advantage.k == 1
     assert m.get_config("top_entropy").rl.token_filter.name == "top_entropy"
+    u = m.get_config("unlikely").rl.rewards
+    assert (u.unlikeliness.fn, u.unlikeliness.weight, u.unlikeliness.of) == ("unlikeliness", 0.25, "task")
+    assert "unlikeliness" not in m.get_config("default").rl.rewards
     assert m.get_config("default").rl.kl.coef == 0.0 and m.get_config("default").rl.kl.estimator == "k1"
 
 
@@ -110,11 +113,12 @@ def test_bad_rl_section_names_every_bad_key():
     cfg.rl.tasks.suite = "nope"
     cfg.rl.eval.k = 0
     cfg.rl.curriculum.weights = {"tokens": 1.0}
+    cfg.rl.rewards.unlikeliness = dict(fn="unlikeliness", weight=0.25, logp_key="sampler")
     with pytest.raises(ConfigError) as e:
         validate(cfg, warn=False)
     keys = {k for k, _ in e.value.problems}
     assert {"rl.steps", "rl.learner_moe_impl", "rl.max_staleness", "rl.tasks.suite", "rl.eval.k",
-            "rl.curriculum.weights.tokens"} <= keys
+            "rl.curriculum.weights.tokens", "rl.rewards.unlikeliness.logp_key"} <= keys
     msg = str(e.value)
     assert "['dropless', 'pallas', 'sampler_dense']" in msg and "['toyfix']" in msg  # the exact MoE impls
 

@@ -104,3 +104,89 @@ def test_reward_config_errors():
     with pytest.raises(ValueError, match="at least one"):
         compute_rewards(b, {})
     assert len(EFFORT_FIELDS) == 6
+
+
+def _traj_logp(logps, reward, group, infra_failed=False, tool_mask=None):
+    """A one-segment trajectory whose policy tokens have sampler logprobs `logps` (tool tokens: 0, -9)."""
+    c = len(logps)
+    mask = [1] * c if tool_mask is None else tool_mask
+    lp = [float(v) if m else -9.0 for v, m in zip(logps, mask)]
+    seg = Segment([1], list(range(2, 2 + c)), mask, lp, [0] * c)
+    return Trajectory([seg], task_id=group, group_id=group, reward_terms={"task": reward}, infra_failed=infra_failed)
+
+
+def _unlikeliness_numpy(means, rewards, groups, usable, beta):
+    """He, Fried & Welleck's rank penalty, transcribed from the paper's description: per group,
+    ranks = argsort(argsort(mean logprob)) / G over the usable members, reward * (1 - beta * rank)."""
+    out = np.array(rewards, np.float64)
+    for g in set(groups):
+        idx = [i for i, (gg, u) in enumerate(zip(groups, usable)) if gg == g and u]
+        ranks = np.argsort(np.argsort(np.array([means[i] for i in idx]), kind="stable"), kind="stable") / len(idx)
+        for i, r in zip(idx, ranks):
+            out[i] = rewards[i] * (1 - beta * r)
+    return out
+
+
+def test_unlikeliness_matches_the_rank_penalty_brute_force():
+    rng = np.random.default_rng(0)
+    trajs, means, rewards, groups, usable = [], [], [], [], []
+    for g, size in (("a", 8), ("b", 5), ("c", 3)):
+        for j in range(size):
+            n_tok = int(rng.integers(3, 9))
+            lps = -np.abs(rng.normal(1.0, 0.5, n_tok))
+            tool = [1] * n_tok
+            tool[0] = 0  # a tool-output token: must not count in the mean
+            r = float(rng.integers(0, 2))
+            failed = g == "b" and j == 2  # an infra failure: outside the ranking and the group size
+            trajs.append(_traj_logp(lps, r, g, infra_failed=failed, tool_mask=tool))
+            means.append(float(np.mean(np.asarray(lps, np.float32)[1:])))
+            rewards.append(r)
+            groups.append(g)
+            usable.append(not failed)
+    # a tie in group c: equal means rank by trajectory order
+    trajs[-1] = _traj_logp([0.0, -0.5, -0.5], 1.0, "c", tool_mask=[0, 1, 1])
+    trajs[-2] = _traj_logp([0.0, -0.5, -0.5], 1.0, "c", tool_mask=[0, 1, 1])
+    means[-1] = means[-2] = -0.5
+    rewards[-1] = rewards[-2] = 1.0
+    b = pad_batch(trajs, max_len=16, max_trajectories=20)
+    beta = 0.25
+    cfg = dict(task=dict(weight=1.0), unlikely=dict(fn="unlikeliness", weight=beta))
+    total, m = jax.jit(lambda bb: compute_rewards(bb, cfg))(b)
+    expect = _unlikeliness_numpy(means, rewards, groups, usable, beta)
+    ok = np.array(usable)
+    np.testing.assert_allclose(np.asarray(total)[:len(trajs)][ok], expect[ok], rtol=1e-6, atol=1e-7)
+    # the failure keeps its plain reward (it is masked out of the loss downstream)
+    assert float(total[10]) == rewards[10]
+    # the penalty only touches rewarded samples
+    assert float(m["reward/unlikely"]) < 0
+    zero = np.array(rewards) == 0.0
+    np.testing.assert_array_equal(np.asarray(total)[:len(trajs)][zero], 0.0)
+    assert zero.any() and (~zero).any()
+
+
+def test_unlikeliness_gives_an_all_correct_group_a_signal_towards_the_unlikely_sample():
+    """Without the term a group of 4 successes has zero advantage; with it the least likely success
+    gets the largest advantage and the likeliest the smallest (the paper's point), and beta = 0
+    reproduces plain GRPO exactly."""
+    from c2jax.rl.advantages import compute_advantages
+    trajs = [_traj_logp([-0.1 * (i + 1)] * 4, 1.0, "g") for i in range(4)]  # likeliest first
+    b = pad_batch(trajs, max_len=8)
+    valid = jnp.asarray(b["traj_valid"])
+    for beta, expect_zero in ((0.0, True), (0.25, False)):
+        cfg = dict(task=dict(weight=1.0), u=dict(fn="unlikeliness", weight=beta))
+        total, _ = compute_rewards(b, cfg)
+        adv, _ = compute_advantages("grpo", total, jnp.asarray(b["group_index"]), valid)
+        adv = np.asarray(adv)
+        if expect_zero:
+            np.testing.assert_array_equal(adv, 0.0)
+        else:
+            assert np.all(np.diff(adv) > 0)  # less likely -> larger advantage
+            np.testing.assert_allclose(np.asarray(total), 1 - beta * np.array([3, 2, 1, 0]) / 4, rtol=1e-6)
+
+
+def test_unlikeliness_config_errors():
+    b = pad_batch([_traj_logp([-0.5, -0.5], 1.0, "g")], max_len=8)
+    with pytest.raises(KeyError, match="'grade' is not in batch"):
+        compute_rewards(b, dict(u=dict(fn="unlikeliness", of="grade")))
+    with pytest.raises(KeyError, match="no 'raw_logp'"):
+        compute_rewards(b, dict(u=dict(fn="unlikeliness", logp_key="raw_logp")))
