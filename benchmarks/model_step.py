@@ -82,6 +82,8 @@ VARIANTS = {
     # 2.0 / 3.7 / 5.9 s): neither faster, so neither is the default; re-measure on an idle machine.
     "tile-256": ("c2jax.model.moe_impls", "TILE_ROWS", 256),  # fewer, larger expert tiles
     "causal-block-256": ("c2jax.model.mla", "CAUSAL_BLOCK", 256),  # fewer, larger attention blocks
+    "unroll": ("c2jax.model.transformer", "SCAN_UNROLL", True),  # layer loops as straight-line code
+    "split-rope": ("c2jax.model.mla", "SPLIT_ROPE_SCORES", True),  # no per-head copy of the rotary key
 }
 
 

@@ -26,6 +26,7 @@ from c2jax.model.norms import dense, rms_norm
 from c2jax.model.rope import apply_rope, softmax_scale
 
 CAUSAL_BLOCK = 128  # query block of causal block-skipping in self-attention without a cache
+SPLIT_ROPE_SCORES = False  # True: score = q_nope.k_nope + q_rope.k_rope as two matmuls, no per-head k_rope copy
 _NEG = -1e30  # masked logit (finite so fully masked padded rows stay NaN-free)
 
 
@@ -66,12 +67,17 @@ def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
     h = q_nope.shape[2]
     kv = dense(c_kv, p["kv_b_proj"]["kernel"])  # [B,T,H,nope+v]
     k_nope, v = kv[..., : a.qk_nope_head_dim], kv[..., a.qk_nope_head_dim:]
-    # one score matmul over [nope | rope] (k_rope is shared by all heads)
-    q = jnp.concatenate([q_nope, q_rope], axis=-1)  # [B,S,H,qk]
-    k = jnp.concatenate([k_nope, jnp.broadcast_to(k_rope[:, :, None], k_rope.shape[:2] + (h, k_rope.shape[-1]))],
-                        axis=-1)  # [B,T,H,qk]
     scale = softmax_scale(a)
-    q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # heads-major: [B,H,S|T,*]
+    if SPLIT_ROPE_SCORES:
+        # the shared rotary key scores all heads at once: [B, H*S, rope] x [B, T, rope]
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q_nope, k_nope, v))  # heads-major: [B,H,S|T,*]
+        qr = q_rope.transpose(0, 2, 1, 3)  # [B,H,S,rope]
+    else:
+        # one score matmul over [nope | rope] (k_rope is shared by all heads)
+        q = jnp.concatenate([q_nope, q_rope], axis=-1)  # [B,S,H,qk]
+        k = jnp.concatenate([k_nope, jnp.broadcast_to(k_rope[:, :, None], k_rope.shape[:2] + (h, k_rope.shape[-1]))],
+                            axis=-1)  # [B,T,H,qk]
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # heads-major: [B,H,S|T,*]
     s_len = q.shape[2]
     n = causal_blocks if causal_blocks > 1 and s_len % causal_blocks == 0 else 1
     blk = s_len // n
@@ -80,6 +86,9 @@ def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
         hi = k.shape[2] if n == 1 else (i + 1) * blk
         s = jnp.einsum("bhsk,bhtk->bhst", q[:, :, i * blk:(i + 1) * blk], k[:, :, :hi],
                        preferred_element_type=jnp.float32)  # [B,H,blk,hi]
+        if SPLIT_ROPE_SCORES:
+            s = s + jnp.einsum("bhsr,btr->bhst", qr[:, :, i * blk:(i + 1) * blk], k_rope[:, :hi],
+                               preferred_element_type=jnp.float32)  # [B,H,blk,hi]
         prob = _softmax(s * scale, mask[:, i * blk:(i + 1) * blk, :hi]).astype(dt)
         outs.append(jnp.einsum("bhst,bhtv->bhsv", prob, v[:, :, :hi]))
     o = outs[0] if n == 1 else jnp.concatenate(outs, axis=2)

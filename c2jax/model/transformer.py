@@ -29,7 +29,8 @@ Arguments:
 * cache: from `init_cache`; see cache.py for prefill/decode semantics.
 * routes [B, S, n_moe_layers, top_k] int: router replay (moe_router.replay_routes).
 
-Layers of each kind are stacked and run with `lax.scan` (compile time independent of depth).
+Layers of each kind are stacked and run with `lax.scan` (compile time independent of depth);
+`SCAN_UNROLL` is the scan's `unroll` (1: a loop; True: straight-line code, for shallow models).
 Compute dtype is cfg.dtype (params are cast at use); norms statistics, router, softmax and
 logits are float32.
 """
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,8 @@ from c2jax.model.params_spec import ParamSpec, param_specs
 from c2jax.model.rope import rope_cos_sin
 
 # ---- init ----------------------------------------------------------------------------------
+
+SCAN_UNROLL: Union[int, bool] = 1  # lax.scan unroll of the layer loops (benchmarks/model_step.py A/B)
 
 
 # Kept in float32 whatever param_dtype is (as transformers' `_keep_in_fp32_modules_strict` and our
@@ -171,7 +174,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
                               attend_fn=attend_fn)
             return h, nc
         h, nc = jax.lax.scan(dense_step, h, (params["dense_layers"],
-                                             None if cache is None else cache["dense_layers"]))
+                                             None if cache is None else cache["dense_layers"]), unroll=SCAN_UNROLL)
         if cache is not None:
             new_cache["dense_layers"] = nc
 
@@ -187,7 +190,7 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
             return h, (nc, st)
         h, (nc, st) = jax.lax.scan(moe_step, h, (params["moe_layers"],
                                                  None if cache is None else cache["moe_layers"],
-                                                 layer_routes))
+                                                 layer_routes), unroll=SCAN_UNROLL)
         if cache is not None:
             new_cache["moe_layers"] = nc
         moe_out = st
