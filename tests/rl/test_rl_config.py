@@ -99,7 +99,7 @@ def test_presets_change_what_they_say():
     assert m.get_config("top_entropy").rl.token_filter.name == "top_entropy"
     u = m.get_config("unlikely").rl.rewards
     assert (u.unlikeliness.fn, u.unlikeliness.weight, u.unlikeliness.of) == ("unlikeliness", 0.25, "task")
-    assert "unlikeliness" not in m.get_config("default").rl.rewards
+    assert m.get_config("default").rl.rewards.unlikeliness.to_dict() == u.unlikeliness.to_dict()
     assert m.get_config("default").rl.kl.coef == 0.0 and m.get_config("default").rl.kl.estimator == "k1"
 
 
@@ -113,7 +113,7 @@ def test_bad_rl_section_names_every_bad_key():
     cfg.rl.tasks.suite = "nope"
     cfg.rl.eval.k = 0
     cfg.rl.curriculum.weights = {"tokens": 1.0}
-    cfg.rl.rewards.unlikeliness = dict(fn="unlikeliness", weight=0.25, logp_key="sampler")
+    cfg.rl.rewards.unlikeliness.logp_key = "sampler"
     with pytest.raises(ConfigError) as e:
         validate(cfg, warn=False)
     keys = {k for k, _ in e.value.problems}
