@@ -82,6 +82,9 @@ VARIANTS = {
     # 2.0 / 3.7 / 5.9 s): neither faster, so neither is the default; re-measure on an idle machine.
     "tile-256": ("c2jax.model.moe_impls", "TILE_ROWS", 256),  # fewer, larger expert tiles
     "causal-block-256": ("c2jax.model.mla", "CAUSAL_BLOCK", 256),  # fewer, larger attention blocks
+    # `--rows jax-dropless,jax-dropless@unroll,jax-dropless@split-rope --modes interleaved --repeats 7`
+    # on an idle machine (2026-12-05; batch 8 x 512): medians 1.863 s default, 1.826 s unroll (-2%, inside
+    # the default's IQR 1.831-1.934), 1.909 s split-rope (+2.5%): neither is the default.
     "unroll": ("c2jax.model.transformer", "SCAN_UNROLL", True),  # layer loops as straight-line code
     "split-rope": ("c2jax.model.mla", "SPLIT_ROPE_SCORES", True),  # no per-head copy of the rotary key
 }
