@@ -1,7 +1,7 @@
 """Fault injection for the asynchronous RL services (tests/train/async_rl/test_async_rl_faults.py and its
 process, tests/train/async_rl/fault_run.py): a rollout worker killed mid-group (`KillableRollout`),
-the engine's thread killed while it serves (`kill_engine`), a running sandbox's bwrap SIGKILLed
-(`sandbox_pids`), at seeded random moments (`plan_faults`, `FaultInjector`); an auditing trainer
+the engine's thread killed while it serves (`kill_engine`), an episode's sandbox (its bwrap)
+SIGKILLed as the episode next uses it, at seeded random moments (`plan_faults`, `FaultInjector`); an auditing trainer
 (`AuditTrainer`) and `audit_fault_run`, which checks a killed-and-resumed run against the ledger;
 `fault_run`, one process of such a run."""
 from __future__ import annotations
@@ -89,27 +89,10 @@ def kill_engine(handle: Any) -> None:
     handle.current.step = dying_step
 
 
-def sandbox_pids() -> list[int]:
-    """Host pids of this process's sandboxes (each sandbox is one `bwrap` child of this process)."""
-    me, out = os.getpid(), []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm, rest = stat[stat.index("(") + 1: stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        if comm == "bwrap" and int(rest[1]) == me:
-            out.append(int(d))
-    return sorted(out)
-
-
 class FaultInjector:
     """Seeded faults at random moments of a run: after update `at[kind]`, wait a random 0..`jitter_s`
-    seconds, then kill: 'engine' (its thread, `kill_engine`) or 'sandbox' (SIGKILL one running
-    sandbox's bwrap; retried for up to 10 s until one is running). Rollout-worker kills are planned
+    seconds, then kill: 'engine' (its thread, `kill_engine`) or 'sandbox' (SIGKILL the bwrap of the
+    first episode that uses its sandbox within 10 s, a tool call or the final diff, just before). Rollout-worker kills are planned
     up front (`plan_worker_kills` -> `KillableRollout`). `done` counts what was actually killed."""
 
     def __init__(self, seed: int, at: dict, engine: Any, jitter_s: float = 1.0, record: Any = None) -> None:
@@ -134,7 +117,6 @@ class FaultInjector:
                 self._threads.append(t)
 
     def _fire(self, kind: str, delay: float) -> None:
-        import signal
         import time
 
         time.sleep(delay)
@@ -145,17 +127,7 @@ class FaultInjector:
             kill_engine(self.engine)
             what = "engine thread"
         elif kind == "sandbox":
-            t_end, what = time.monotonic() + 10.0, None
-            while what is None and time.monotonic() < t_end:
-                pids = sandbox_pids()
-                if pids:
-                    pid = pids[self.rng.randrange(len(pids))]
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        what = f"bwrap {pid}"
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.02)
+            what = self._kill_sandbox_at_next_use(timeout_s=10.0)
             if what is None:
                 return
         else:
@@ -166,6 +138,47 @@ class FaultInjector:
             self.log.append(rec)
             if self.record is not None:
                 self.record(rec)
+
+    def _kill_sandbox_at_next_use(self, timeout_s: float) -> str | None:
+        """SIGKILL the bwrap of the first episode that uses its sandbox from now on (a tool call or the
+        final diff), just before that use, so the episode must see its sandbox die. (A sandbox killed
+        from outside at a random moment may be past its episode's last use, and then nothing notices:
+        that made this test flaky.) Patches `Toolbox.call` and `Sandbox.diff` for at most `timeout_s`;
+        the patches are removed before returning."""
+        import signal
+        import threading
+
+        from c2jax.agent.tools import Toolbox
+        from c2jax.envs.sandbox import Sandbox
+
+        call0, diff0, done, taken, killed = Toolbox.call, Sandbox.diff, threading.Event(), [], []
+
+        def kill_once(sb: Any, use: str) -> None:
+            with self._lock:
+                if taken:
+                    return
+                taken.append(use)
+            pid = sb._proc.pid
+            os.kill(pid, signal.SIGKILL)
+            sb._proc.wait(timeout=10)  # dead before the use goes on (a signal is delivered asynchronously)
+            killed.append(f"bwrap {pid} (as its episode's {use} began)")
+            done.set()
+
+        def call(box: Any, name: Any, arguments: Any):
+            kill_once(box.sb, f"{name} call")
+            return call0(box, name, arguments)
+
+        def diff(sb: Any) -> str:
+            kill_once(sb, "final diff")
+            return diff0(sb)
+
+        Toolbox.call, Sandbox.diff = call, diff
+        try:
+            if not done.wait(timeout_s) and taken:
+                done.wait(15.0)  # a kill that began just before the deadline
+        finally:
+            Toolbox.call, Sandbox.diff = call0, diff0
+        return killed[0] if killed else None
 
     def join(self, timeout: float = 15.0) -> None:
         for t in self._threads:
