@@ -52,8 +52,10 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     # "shell_ops" (grep -nE the lines with a binary operator, sed the line by number) or "shell_locate"
     # (shell_ops + grep -nF the operator to change, so the sed copies the number just printed) or
     # "shell_locate_qf" (shell_locate whose sed span widens rightward where the leftward one needs a
-    # quote, so string-repeat fixes like `s + '#' + 3` -> `s + '#' * 3` are demonstrated); the shell styles
-    # are c2jax.envs.synth.toyfix_shell_demos, difficulties 0-1 only.
+    # quote, so string-repeat fixes like `s + '#' + 3` -> `s + '#' * 3` are demonstrated) or "shell_retry"
+    # (shell_locate_qf whose edit runs the task's repro.py; half the demonstrations first make a wrong edit
+    # that repro.py catches, restore the workspace and make the fix); the shell styles are
+    # c2jax.envs.synth.toyfix_shell_demos, difficulties 0-1 only.
     demo_style="read_replace",
     # True: rows as long as the demonstrations need (c2jax.batching.fit_row_length, <= seq_len), not
     # seq_len: the same loss on fewer padding positions (1024-token rows hold one ~530-token
@@ -70,6 +72,8 @@ def resolve(section: Any) -> dict:
 
 @register_validator("agent_sft")
 def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
+    from c2jax.envs.synth import toyfix_shell_demos
+
     d = dict(to_plain(section) or {})
     for k in d:
         if k not in AGENT_SFT_DEFAULTS:
@@ -86,7 +90,7 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     check.float_range(c, "clip_norm", 0.0, lo_open=True)
     check.choice(c, "split", ("demo", "train"))
     check.choice(c, "synth_code_drill_words", ("train", "all"))
-    check.choice(c, "demo_style", ("read_replace", "shell_lines", "shell_ops", "shell_locate", "shell_locate_qf"))
+    check.choice(c, "demo_style", ("read_replace",) + toyfix_shell_demos.STYLES)
     if not isinstance(c["fit_rows"], bool):
         check.error("fit_rows", f"must be True or False, got {c['fit_rows']!r}")
     check.float_range(c, "synth_code_drill_share", 0.0, 1.0)

@@ -47,12 +47,13 @@ from typing import Any, Sequence
 from c2jax.atomic import atomic_write_json
 from c2jax.envs.tasks import DEFAULT_PROTECTED, HiddenTests, Source, TaskRecord, TestSpec, load_tasks, \
     patch_stats, write_tasks
-from c2jax.envs.synth.toyfix_programs import (ARCHETYPES, VOCAB, WORDS, Archetype, Candidate, Func,  # noqa: F401
-                                              Mutation, make_candidate, module_text, mutations, vocab_overlap)
+from c2jax.envs.synth.toyfix_programs import (ARCHETYPES, REPRO_OK, REPRO_PATH, VOCAB, WORDS, Archetype,  # noqa: F401
+                                              Candidate, Func, Mutation, make_candidate, module_text, mutations,
+                                              vocab_overlap)
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = "5"
+GENERATOR_VERSION = "6"
 GENERATOR = "c2jax.envs.synth.toyfix"
 TOYFIX_TOOLS: tuple[str, ...] = ("read_file", "search_replace", "run_terminal_cmd")
 DIFFICULTIES = (0, 1, 2, 3)
@@ -122,6 +123,15 @@ for j in jobs:
                         outcomes[tf + "::" + name] = "passed"
                     except BaseException:
                         outcomes[tf + "::" + name] = "failed"
+        if os.path.exists(os.path.join(d, "repro.py")):  # the visible reproduction script's output
+            import contextlib, io, runpy
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                try:
+                    runpy.run_path(os.path.join(d, "repro.py"), run_name="__main__")
+                except BaseException:
+                    pass
+            res[state + ":repro"] = buf.getvalue().strip()
         sys.path.remove(d)
         res[state] = outcomes
     out[j["id"]] = res
@@ -164,6 +174,9 @@ def validate_batch(runner: str, cands: Sequence[Candidate], timeout_s: float = 1
             verdict[cid] = f"gold state does not pass: {sorted(k for k, v in gold.items() if v != 'passed')[:3]}"
         elif {k for k, v in broken.items() if v != "passed"} != set(c.f2p) or set(broken) != ids:
             verdict[cid] = "broken state fails other tests than FAIL_TO_PASS"
+        elif REPRO_PATH in c.broken and (res.get("gold:repro") != REPRO_OK or res.get("broken:repro") == REPRO_OK):
+            verdict[cid] = f"repro.py does not tell the states apart: gold {res.get('gold:repro')!r}, " \
+                           f"broken {res.get('broken:repro')!r}"
         else:
             verdict[cid] = None
     return verdict

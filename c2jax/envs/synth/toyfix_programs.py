@@ -222,6 +222,57 @@ def _fmt_call(fname: str, args: tuple) -> str:
     return f"{fname}({', '.join(repr(a) for a in args)})"
 
 
+# ---- the visible reproduction script --------------------------------------------------------------
+
+REPRO_PATH = "repro.py"  # at the workspace root: `python repro.py`, a command with nothing to copy
+REPRO_OK = "ok"
+
+
+def repro_text(bugs: Sequence[dict]) -> str:
+    """`repro.py`: runs each bug's reported call and prints `ok` when every result is the wanted one,
+    else `got X, want Y` for the first that is not (exit code 1). It holds only what the problem
+    statement says (the call and the wanted value), so it gives the agent a check of its edit, not the
+    hidden tests' other cases."""
+    imports = sorted({b["import"] for b in bugs})
+    checks = ",\n    ".join(f"(lambda: {b['call']}, {b['want']!r})" for b in bugs)
+    return (f'"""Reproduces the reported bug: prints {REPRO_OK} once it is fixed."""\n'
+            + "\n".join(imports) + "\n\n"
+            + f"CHECKS = [\n    {checks},\n]\n\n"
+            + "for call, want in CHECKS:\n"
+            + "    try:\n"
+            + "        got = repr(call())\n"
+            + "    except Exception as e:  # the symptom may be an exception\n"
+            + "        got = 'raises ' + type(e).__name__\n"
+            + "    if got != want:\n"
+            + "        print('got ' + got + ', want ' + want)\n"
+            + "        raise SystemExit(1)\n"
+            + f"print({REPRO_OK!r})\n")
+
+
+def run_repro(text: str, module_texts: dict[str, str]) -> str:
+    """What `repro.py` (`text`) prints against the given package modules ({import path 'pkg.mod':
+    source}), run on the host without importing anything: the demonstrator's prediction of a
+    candidate edit's check (the sandbox run is the authority; generated code only)."""
+    import contextlib
+    import io
+
+    ns_by_mod = {m: _exec_module(src) for m, src in module_texts.items()}
+    body = []
+    for ln in text.splitlines():
+        m = re.fullmatch(r"from (\S+) import (.+)", ln)
+        if m:
+            body += [f"{n.strip()} = __mods[{m.group(1)!r}][{n.strip()!r}]" for n in m.group(2).split(",")]
+        else:
+            body.append(ln)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            exec(compile("\n".join(body), "<repro>", "exec"), {"__mods": ns_by_mod})  # generated code only
+        except SystemExit:
+            pass
+    return out.getvalue().strip()
+
+
 # ---- candidates ------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
@@ -370,8 +421,9 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
                 lines.append(f"    assert {_fmt_call(f.name, c)} == {val!r}")
             (f2p if (mod, f.name) in bugged else p2p).append(f"{test_path}::{tname}")
     tests = {test_path: "\n".join(lines) + "\n"}
-    pristine = {f"{pkg}/__init__.py": "", **{f"{pkg}/{m}.py": t for m, t in pristine_mod.items()}}
-    broken = {f"{pkg}/__init__.py": "", **{f"{pkg}/{m}.py": t for m, t in broken_mod.items()}}
+    repro = {REPRO_PATH: repro_text(bugs)}  # visible, the same in both states (not part of any patch)
+    pristine = {f"{pkg}/__init__.py": "", **{f"{pkg}/{m}.py": t for m, t in pristine_mod.items()}, **repro}
+    broken = {f"{pkg}/__init__.py": "", **{f"{pkg}/{m}.py": t for m, t in broken_mod.items()}, **repro}
     # the edits a scripted expert makes (search_replace, applied in order): must give back pristine
     work = dict(broken)
     for b in bugs:

@@ -42,21 +42,24 @@ the one to change, so the sed substitution (first match on that line) reproduces
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
 from typing import Any, Sequence
 
+from c2jax.envs.synth.toyfix_programs import _OPS, REPRO_OK, REPRO_PATH, run_repro
+
 MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulties 0-1 (not __init__.py)
 # A binary operator between spaces: arithmetic, comparison, augmented assignment (not `=` alone, not a
 # unary minus). GNU grep extended syntax, single-quoted in the command.
 OPS_REGEX = " ([-+*/%<>]|//|[-+*/<>=!]=) "
-STYLES = ("shell_lines", "shell_ops", "shell_locate", "shell_locate_qf")
+STYLES = ("shell_lines", "shell_ops", "shell_locate", "shell_locate_qf", "shell_retry")
 _EXPLORE = {"shell_lines": f"grep -n . {MODULE_GLOB}", "shell_ops": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}",
             "shell_locate": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
 _EXPLORE["shell_locate_qf"] = _EXPLORE["shell_locate"]
-_LOCATE = ("shell_locate", "shell_locate_qf")  # the styles with the fixed-string operator grep
-_QUOTE_FREE = ("shell_locate_qf",)  # widen the sed span rightward where the leftward one needs a quote
+_LOCATE = ("shell_locate", "shell_locate_qf", "shell_retry")  # the styles with the fixed-string operator grep
+_QUOTE_FREE = ("shell_locate_qf", "shell_retry")  # widen the sed span rightward where the leftward one needs a quote
 _BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
 _REPL_SPECIAL = re.compile(r"([\\&/])")
 
@@ -146,10 +149,12 @@ def applies(task: Any, style: str = "shell_lines") -> bool:
         raise ValueError(f"shell demo style must be one of {STYLES}, got {style!r}")
     bugs = task.provenance.get("bugs", [])
     repo = task.provenance.get("repo", {})
-    modules = [p for p in repo if not p.rsplit("/", 1)[-1].startswith("_")]
+    modules = [p for p in repo if "/" in p and not p.rsplit("/", 1)[-1].startswith("_")]  # (not repro.py)
     if len(bugs) != 1 or len(modules) != 1 or "line" not in _bug_line(task, bugs[0]):
         return False
     if style in ("shell_ops",) + _LOCATE and not re.search(OPS_REGEX, bugs[0]["old"]):
+        return False
+    if style == "shell_retry" and REPRO_PATH not in repo:
         return False
     try:
         sed_edit(bugs[0]["old"], bugs[0]["new"], quote_free=style in _QUOTE_FREE)
@@ -184,6 +189,8 @@ def shell_demo_messages(task: Any, style: str = "shell_lines") -> list:
     """Assistant turns of the shell-style expert episode on `task` (see the module docstring)."""
     from c2jax.data.chat_format import Message, ToolCall, make_call_id
 
+    if style == "shell_retry":
+        return retry_demo_messages(task)
     if not applies(task, style):
         raise ValueError(f"{style} demos need one module with one bug and a quote-free edit"
                          f"{' on a line with a binary operator' if style == 'shell_ops' else ''}: {task.instance_id}")
@@ -232,3 +239,95 @@ def blind_edit_baseline(train: Sequence[Any], held_out: Sequence[Any]) -> dict:
             hits += _apply_sed(lines[n - 1], sub) == bug["new"]
     return {"edit": f"{n}{sub}", "resolved_share": hits / len(held_out), "held_out": len(held_out),
             "train_share_of_edit": keys.most_common(1)[0][1] / sum(keys.values())}
+
+
+# ---- shell_retry: check each edit with repro.py, undo and try again when it fails ------------------
+
+BACKUP = "cp -r . /tmp/base"  # the explore step saves the workspace ...
+RESTORE = "cp -r /tmp/base/. ."  # ... and a failed attempt is undone by copying it back (nothing to copy)
+CHECK = f"python {REPRO_PATH}"
+RETRY_SHARE = 0.5  # demonstrations whose first attempt is a wrong edit, caught by repro.py and undone
+
+
+def candidate_edits(task: Any) -> list[tuple[int, str, str]]:
+    """Every one-operator edit the policy could make on the module's operator lines: (line number,
+    sed substitution, new line), in line order; each swaps one spaced binary operator for its
+    counterpart in the generator's mutation table (`_OPS`), the edits a bug of this family undoes."""
+    bug = task.provenance["bugs"][0]
+    lines = task.provenance["repo"][bug["path"]].splitlines()
+    out = []
+    for n in operator_lines("\n".join(lines)):
+        old = lines[n - 1]
+        for m in re.finditer(OPS_REGEX, old):
+            op = m.group(1)
+            for new_op in sorted({_OPS.get(op), *(k for k, v in _OPS.items() if v == op)} - {None, op}):
+                new = old[:m.start(1)] + new_op + old[m.end(1):]
+                try:
+                    out.append((n, sed_edit(old, new, quote_free=True), new))
+                except ValueError:
+                    continue
+    return out
+
+
+def _repro_after(task: Any, n: int, new_line: str) -> str:
+    """What repro.py prints after line `n` of the bug's module becomes `new_line` (host-side)."""
+    bug = task.provenance["bugs"][0]
+    lines = task.provenance["repo"][bug["path"]].splitlines()
+    lines[n - 1] = new_line
+    mod = bug["path"][:-3].replace("/", ".")
+    return run_repro(task.provenance["repo"][REPRO_PATH], {mod: "\n".join(lines) + "\n"})
+
+
+def wrong_first_edit(task: Any) -> tuple[int, str, str] | None:
+    """The wrong attempt a `shell_retry` demonstration makes first, or None (no such attempt): for a
+    RETRY_SHARE of tasks (by a hash of the instance id), one of the candidate edits other than the
+    fix, drawn by the same hash among those repro.py catches (prints something other than ok)."""
+    h = int(hashlib.sha256(str(task.instance_id).encode()).hexdigest()[:12], 16)
+    if (h % 1000) / 1000 >= RETRY_SHARE:
+        return None
+    bug = task.provenance["bugs"][0]
+    gold_n = _bug_line(task, bug)["line"]
+    wrong = [c for c in candidate_edits(task) if not (c[0] == gold_n and c[2] == bug["new"])
+             and _repro_after(task, c[0], c[2]) != REPRO_OK]
+    return wrong[(h // 1000) % len(wrong)] if wrong else None
+
+
+def _attempt(task: Any, n: int, edit: str, old_line: str) -> list[str]:
+    """The two calls of one attempt: grep the operator to change, then sed line n and run repro.py."""
+    pat = locate_pattern(old_line, edit)
+    return [f"grep -nF {'-e ' if pat.startswith('-') else ''}'{pat}' {MODULE_GLOB}",
+            f"sed -i '{n}{edit}' {MODULE_GLOB} && {CHECK}"]
+
+
+def retry_demo_messages(task: Any) -> list:
+    """Assistant turns of a `shell_retry` episode: save the workspace and list the operator lines;
+    per attempt grep the operator, sed the line and run repro.py in the same call; on a failed check
+    restore the workspace (in the same call as the next attempt's grep) and try the fix; finish.
+
+        run_terminal_cmd  cp -r . /tmp/base && grep -nE '<ops>' */[!_]*.py
+        run_terminal_cmd  grep -nF ' + ' */[!_]*.py                          (a wrong attempt, half the tasks)
+        run_terminal_cmd  sed -i '3s/ + / - /' */[!_]*.py && python repro.py   -> got 4, want 20
+        run_terminal_cmd  cp -r /tmp/base/. . && grep -nF ' - ' */[!_]*.py
+        run_terminal_cmd  sed -i '5s/ - / * /' */[!_]*.py && python repro.py   -> ok
+        final message     Fixed line 5.
+    """
+    from c2jax.data.chat_format import Message, ToolCall, make_call_id
+
+    if not applies(task, "shell_retry"):
+        raise ValueError(f"shell_retry demos need one module with one bug on an operator line, a quote-free "
+                         f"edit and {REPRO_PATH}: {task.instance_id}")
+    bug = task.provenance["bugs"][0]
+    n = _bug_line(task, bug)["line"]
+    lines = task.provenance["repo"][bug["path"]].splitlines()
+    cmds = [f"{BACKUP} && {_EXPLORE['shell_locate']}"]
+    wrong = wrong_first_edit(task)
+    if wrong is not None:
+        wn, wedit, _ = wrong
+        cmds += _attempt(task, wn, wedit, lines[wn - 1])
+    fix = _attempt(task, n, sed_edit(bug["old"], bug["new"], quote_free=True), bug["old"])
+    if wrong is not None:
+        fix[0] = f"{RESTORE} && {fix[0]}"
+    cmds += fix
+    turns = [Message("assistant", "", [ToolCall(make_call_id("run_terminal_cmd", i), "run_terminal_cmd",
+                                                json.dumps({"command": c}))]) for i, c in enumerate(cmds)]
+    return turns + [Message("assistant", f"Fixed line {n}.")]

@@ -287,3 +287,76 @@ def test_demo_stream_may_repeat_a_fix_but_never_shares_one_with_train_or_eval():
     assert not set(de_k) & (set(ev_k) | set(tr_k))
     assert len(de) == 900 and len(set(de_k)) < len(de_k)  # at difficulty 0 the demo fixes repeat...
     assert len({T._cand_id(c) for c in de}) == len(de)  # ...in distinct programs
+
+
+# ---- the visible reproduction script and the shell_retry demonstrations (generator v6) ------------
+
+def test_repro_script_tells_broken_from_gold_on_the_host():
+    """repro.py is in both states (so in no patch), holds the statement's call and wanted value only,
+    and prints `ok` on the gold modules and `got X, want Y` on the broken ones."""
+    from c2jax.envs.synth.toyfix_programs import REPRO_OK, REPRO_PATH, run_repro
+
+    for d in (0, 1, 2):
+        for c in _cands(d, n=6):
+            text = c.broken[REPRO_PATH]
+            assert c.pristine[REPRO_PATH] == text
+            for b in c.bugs:
+                assert b["call"] in text and repr(b["want"]) in text and b["want"] in c.statement
+            mods = lambda files: {p[:-3].replace("/", "."): s for p, s in files.items() if "/" in p}  # noqa: E731
+            assert run_repro(text, mods(c.pristine)) == REPRO_OK
+            bad = run_repro(text, mods(c.broken))
+            assert bad.startswith("got ") and bad.endswith(", want " + c.bugs[0]["want"]) or \
+                any(bad == f"got {b['got']}, want {b['want']}" for b in c.bugs), bad
+
+
+@pytest.fixture(scope="module")
+def suite_d0(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("toyfix_d0"))
+    return T.build_toyfix(out, n_train=2, n_eval=2, n_demo=10, difficulty=0, seed=0, workers=2, grader_checks=1)
+
+
+def _retry_episode(task, max_turns: int = 8):
+    from c2jax.agent.harness import Harness, HarnessConfig
+    from c2jax.agent.policies import ScriptedPolicy
+    from c2jax.agent.tools import ToolConfig
+    from c2jax.envs import start
+    from c2jax.envs.synth.toyfix_shell_demos import shell_demo_messages
+
+    fmt = chat_format()
+    h = Harness(fmt, HarnessConfig(system_prompt=SHORT_SYSTEM, tools=ToolConfig(enabled=("run_terminal_cmd",)),
+                                   max_turns=max_turns))
+    with start(task.env_id, task.limits) as sb:
+        return h.run(ScriptedPolicy(fmt, shell_demo_messages(task, style="shell_retry")), sb,
+                     task.problem_statement, task_id=task.instance_id)
+
+
+@needs_bwrap
+def test_shell_retry_demos_check_undo_and_fix_in_real_sandboxes(suite_d0):
+    """Through the real harness and sandbox: a demonstration whose first edit is wrong sees repro.py
+    fail, restores the workspace and fixes the bug (the final diff holds the fix only); one without
+    sees `ok` at once; both resolve with the real grader. The positive control: the wrong edit alone,
+    without the restore, leaves a diff the grader does not resolve."""
+    from c2jax.envs.grading import grade
+    from c2jax.envs.synth.toyfix_programs import REPRO_PATH
+    from c2jax.envs.synth.toyfix_shell_demos import RESTORE, applies, wrong_first_edit
+    from c2jax.envs.tasks import load_tasks
+
+    tasks = [t for t in load_tasks(suite_d0["demo"]) if applies(t, "shell_retry")]
+    assert all(REPRO_PATH in t.provenance["repo"] for t in tasks)
+    with_wrong = [t for t in tasks if wrong_first_edit(t) is not None]
+    without = [t for t in tasks if wrong_first_edit(t) is None]
+    assert with_wrong and without, (len(with_wrong), len(without))
+    for t, retried in ((with_wrong[0], True), (without[0], False)):
+        ep = _retry_episode(t)
+        assert ep.stop_reason == "finished", ep.events[-3:]
+        outs = [m["content"] for m in ep.messages[0] if m["role"] == "tool"]
+        checks = [o for o in outs if o.startswith(("ok", "got "))]
+        assert checks[-1].startswith("ok\n"), outs
+        assert len(checks) == (2 if retried else 1) and (checks[0].startswith("got ") if retried else True), outs
+        assert (RESTORE in json.dumps(ep.messages[0])) == retried
+        g = grade(t, ep.diff)
+        assert g.resolved and g.reward == 1.0, (g.flags, g.detail, ep.diff)
+        assert ep.diff.count("\n+++ ") + ep.diff.startswith("+++ ") <= 1 and REPRO_PATH not in ep.diff
+        if retried:  # positive control: stop after the wrong attempt (explore, grep, sed + check)
+            short = _retry_episode(t, max_turns=3)
+            assert short.diff and not grade(t, short.diff).resolved

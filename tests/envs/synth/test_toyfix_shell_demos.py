@@ -77,9 +77,9 @@ def test_docstrings_knob_documents_every_function_at_difficulty_1():
     c = next(c for s in range(50) if (c := toyfix.make_candidate("train", 3000 + s, 1, docstrings=True)) is not None)
     plain = toyfix.make_candidate("train", 3000 + [s for s in range(50)
                                                    if toyfix.make_candidate("train", 3000 + s, 1) is not None][0], 1)
-    src = "".join(c.broken.values())
+    src = "".join(t for p, t in c.broken.items() if "/" in p)  # the package (not repro.py)
     assert src.count("def ") == src.count('"""') // 2 > 0
-    assert '"""' not in "".join(plain.broken.values())
+    assert '"""' not in "".join(t for p, t in plain.broken.items() if "/" in p)
 
 
 def _d0_tasks(stream: str, n: int) -> list:
@@ -90,7 +90,8 @@ def _d0_tasks(stream: str, n: int) -> list:
         c = toyfix.make_candidate(stream, toyfix._seed(0, stream, 0, i), 0)
         i += 1
         if c is not None:
-            out.append(types.SimpleNamespace(provenance={"bugs": c.bugs, "repo": dict(c.broken)}))
+            out.append(types.SimpleNamespace(instance_id=f"{stream}{i}",
+                                             provenance={"bugs": c.bugs, "repo": dict(c.broken)}))
     return out
 
 
@@ -234,3 +235,29 @@ def test_shell_locate_qf_demonstrates_string_repeats_that_shell_locate_skips(tmp
         subprocess.run(cmds[2], shell=True, cwd=root, check=True)
         assert {p: (root / p).read_text() for p in c.pristine} == c.pristine
     assert extra >= 3  # string repeats are ~5% of d0 tasks
+
+
+def test_shell_retry_candidates_hold_the_fix_and_wrong_first_edits_fail_the_check():
+    """`candidate_edits` lists the gold fix of every demonstrable difficulty-0 task; about half the
+    demonstrations start with a wrong edit, which repro.py (run on the host) catches; the others start
+    with the fix, which repro.py accepts; every demonstration runs repro.py after each sed."""
+    from c2jax.envs.synth.toyfix_programs import REPRO_OK
+    from c2jax.envs.synth.toyfix_shell_demos import (CHECK, RETRY_SHARE, _bug_line, _repro_after, candidate_edits,
+                                                     wrong_first_edit)
+
+    tasks = [t for t in _d0_tasks("demo", 120) if applies(t, "shell_retry")]
+    assert len(tasks) >= 100
+    wrong = 0
+    for t in tasks:
+        bug = t.provenance["bugs"][0]
+        n = _bug_line(t, bug)["line"]
+        assert (n, bug["new"]) in {(c[0], c[2]) for c in candidate_edits(t)}
+        assert _repro_after(t, n, bug["new"]) == REPRO_OK
+        w = wrong_first_edit(t)
+        if w is not None:
+            wrong += 1
+            assert (w[0], w[2]) != (n, bug["new"]) and _repro_after(t, w[0], w[2]) != REPRO_OK
+        cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in shell_demo_messages(t, "shell_retry")[:-1]]
+        seds = [c for c in cmds if c.startswith("sed -i")]
+        assert len(seds) == (2 if w else 1) and all(c.endswith(" && " + CHECK) for c in seds)
+    assert abs(wrong / len(tasks) - RETRY_SHARE) < 0.15, wrong / len(tasks)
