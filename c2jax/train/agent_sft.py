@@ -53,9 +53,10 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     # (shell_ops + grep -nF the operator to change, so the sed copies the number just printed) or
     # "shell_locate_qf" (shell_locate whose sed span widens rightward where the leftward one needs a
     # quote, so string-repeat fixes like `s + '#' + 3` -> `s + '#' * 3` are demonstrated) or "shell_retry"
-    # (shell_locate_qf whose edit runs the task's repro.py; half the demonstrations first make a wrong edit
-    # that repro.py catches, restore the workspace and make the fix); the shell styles are
-    # c2jax.envs.synth.toyfix_shell_demos, difficulties 0-1 only.
+    # (a scripted search that knows no fix: shell_locate_qf attempts in the order of the fixes most
+    # frequent on the split's tasks, each sed followed by the task's repro.py, a failed attempt undone by
+    # restoring the workspace, at most 3 attempts); the shell styles are c2jax.envs.synth.toyfix_shell_demos,
+    # difficulties 0-1 only.
     demo_style="read_replace",
     # True: rows as long as the demonstrations need (c2jax.batching.fit_row_length, <= seq_len), not
     # seq_len: the same loss on fewer padding positions (1024-token rows hold one ~530-token
@@ -122,10 +123,14 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
         return load_jsonl(path)
     tasks = load_split(fam, split)
     shell = style in toyfix_shell_demos.STYLES
+    prior = None
     if shell:
         tasks = [t for t in tasks if toyfix_shell_demos.applies(t, style)]
+    if style == "shell_retry":  # the search's order: the fixes most frequent on the split's tasks first
+        prior = toyfix_shell_demos.change_prior(tasks)
+        tasks = [t for t in tasks if toyfix_shell_demos.search_attempts(t, prior) is not None]
     tasks = tasks[:max_demos]
-    demo_messages = functools.partial(toyfix_shell_demos.shell_demo_messages, style=style) if shell \
+    demo_messages = functools.partial(toyfix_shell_demos.shell_demo_messages, style=style, prior=prior) if shell \
         else read_replace_messages
 
     async def one(task, sem):

@@ -171,7 +171,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     # config with --config.train.steps=1000), so the default's build is theirs, content hash included.
     config.train = _cpt(steps=4, batch_size=4, seq_len=64, peak_lr=1e-2) if smoke else \
         _cpt(steps=1000, batch_size=8, seq_len=256, peak_lr=1e-2, warmup_steps=15, eval_every=300, ckpt_every=150)
-    config.agent_sft = dict(steps=4 if smoke else 600, batch_size=2 if smoke else 4, seq_len=1024,
+    config.agent_sft = dict(steps=4 if smoke else 400, batch_size=2 if smoke else 4, seq_len=1024,
                             peak_lr=3e-3, warmup_steps=2 if smoke else 20, min_lr_ratio=0.1, weight_decay=0.0,
                             clip_norm=1.0, max_demos=6 if smoke else 4096, split="demo", log_every=1 if smoke else 10,
                             synth_code_steps=3 if smoke else 0, synth_code_batch=16, synth_code_seq_len=256,

@@ -185,12 +185,12 @@ def _bug_line(task: Any, bug: dict) -> dict:
     return {"line": hits[0]} if len(hits) == 1 else {}
 
 
-def shell_demo_messages(task: Any, style: str = "shell_lines") -> list:
+def shell_demo_messages(task: Any, style: str = "shell_lines", prior: Counter | None = None) -> list:
     """Assistant turns of the shell-style expert episode on `task` (see the module docstring)."""
     from c2jax.data.chat_format import Message, ToolCall, make_call_id
 
     if style == "shell_retry":
-        return retry_demo_messages(task)
+        return retry_demo_messages(task, prior)
     if not applies(task, style):
         raise ValueError(f"{style} demos need one module with one bug and a quote-free edit"
                          f"{' on a line with a binary operator' if style == 'shell_ops' else ''}: {task.instance_id}")
@@ -241,18 +241,27 @@ def blind_edit_baseline(train: Sequence[Any], held_out: Sequence[Any]) -> dict:
             "train_share_of_edit": keys.most_common(1)[0][1] / sum(keys.values())}
 
 
-# ---- shell_retry: check each edit with repro.py, undo and try again when it fails ------------------
+# ---- shell_retry: a search that checks each edit with repro.py and undoes the failed ones ----------
 
 BACKUP = "cp -r . /tmp/base"  # the explore step saves the workspace ...
 RESTORE = "cp -r /tmp/base/. ."  # ... and a failed attempt is undone by copying it back (nothing to copy)
 CHECK = f"python {REPRO_PATH}"
-RETRY_SHARE = 0.5  # demonstrations whose first attempt is a wrong edit, caught by repro.py and undone
+MAX_ATTEMPTS = 3  # explore + 3 x (grep, sed + check) + finish = 8 turns (the quickstart's agent.max_turns)
 
 
-def candidate_edits(task: Any) -> list[tuple[int, str, str]]:
-    """Every one-operator edit the policy could make on the module's operator lines: (line number,
-    sed substitution, new line), in line order; each swaps one spaced binary operator for its
-    counterpart in the generator's mutation table (`_OPS`), the edits a bug of this family undoes."""
+class Edit(tuple):
+    """(line number, sed substitution, new line, (old operator, new operator)) of one candidate edit."""
+
+    line = property(lambda self: self[0])
+    sed = property(lambda self: self[1])
+    new_line = property(lambda self: self[2])
+    change = property(lambda self: self[3])
+
+
+def candidate_edits(task: Any) -> list[Edit]:
+    """Every one-operator edit the policy could make on the module's operator lines, in line order:
+    each swaps one spaced binary operator for another that the generator's mutation table (`_OPS`)
+    pairs with it, the edits a bug of this family is undone by."""
     bug = task.provenance["bugs"][0]
     lines = task.provenance["repo"][bug["path"]].splitlines()
     out = []
@@ -263,10 +272,29 @@ def candidate_edits(task: Any) -> list[tuple[int, str, str]]:
             for new_op in sorted({_OPS.get(op), *(k for k, v in _OPS.items() if v == op)} - {None, op}):
                 new = old[:m.start(1)] + new_op + old[m.end(1):]
                 try:
-                    out.append((n, sed_edit(old, new, quote_free=True), new))
+                    out.append(Edit((n, sed_edit(old, new, quote_free=True), new, (op, new_op))))
                 except ValueError:
                     continue
     return out
+
+
+def gold_change(task: Any) -> tuple[str, str] | None:
+    """The (old, new) operator of `task`'s fix, or None if no candidate edit is the fix."""
+    bug = task.provenance["bugs"][0]
+    n = _bug_line(task, bug).get("line")
+    return next((e.change for e in candidate_edits(task) if e.line == n and e.new_line == bug["new"]), None)
+
+
+def change_prior(tasks: Sequence[Any]) -> Counter:
+    """How often each operator change fixes one of `tasks` (the demonstrator's experience: the
+    training tasks it searches on); `search_order` tries frequent changes first."""
+    return Counter(c for c in map(gold_change, tasks) if c is not None)
+
+
+def search_order(task: Any, prior: Counter) -> list[Edit]:
+    """The candidate edits in the order the demonstrator tries them: most frequent change first,
+    then line order."""
+    return sorted(candidate_edits(task), key=lambda e: (-prior.get(e.change, 0), e.line, e.change))
 
 
 def _repro_after(task: Any, n: int, new_line: str) -> str:
@@ -278,56 +306,54 @@ def _repro_after(task: Any, n: int, new_line: str) -> str:
     return run_repro(task.provenance["repo"][REPRO_PATH], {mod: "\n".join(lines) + "\n"})
 
 
-def wrong_first_edit(task: Any) -> tuple[int, str, str] | None:
-    """The wrong attempt a `shell_retry` demonstration makes first, or None (no such attempt): for a
-    RETRY_SHARE of tasks (by a hash of the instance id), one of the candidate edits other than the
-    fix, drawn by the same hash among those repro.py catches (prints something other than ok)."""
-    h = int(hashlib.sha256(str(task.instance_id).encode()).hexdigest()[:12], 16)
-    if (h % 1000) / 1000 >= RETRY_SHARE:
+def search_attempts(task: Any, prior: Counter, max_attempts: int = MAX_ATTEMPTS) -> list[Edit] | None:
+    """The edits a `shell_retry` demonstration makes: `search_order` up to the first edit repro.py
+    accepts, if that is the fix and within `max_attempts`; else None (the search fails on this task, so
+    it is not demonstrated: a wrong edit that passes the check, or the fix too far down the order)."""
+    if not applies(task, "shell_retry"):
         return None
     bug = task.provenance["bugs"][0]
-    gold_n = _bug_line(task, bug)["line"]
-    wrong = [c for c in candidate_edits(task) if not (c[0] == gold_n and c[2] == bug["new"])
-             and _repro_after(task, c[0], c[2]) != REPRO_OK]
-    return wrong[(h // 1000) % len(wrong)] if wrong else None
+    n = _bug_line(task, bug)["line"]
+    for k, e in enumerate(search_order(task, prior)[:max_attempts]):
+        if _repro_after(task, e.line, e.new_line) == REPRO_OK:
+            return search_order(task, prior)[:k + 1] if (e.line, e.new_line) == (n, bug["new"]) else None
+    return None
 
 
-def _attempt(task: Any, n: int, edit: str, old_line: str) -> list[str]:
+def _attempt(n: int, edit: str, old_line: str) -> list[str]:
     """The two calls of one attempt: grep the operator to change, then sed line n and run repro.py."""
     pat = locate_pattern(old_line, edit)
     return [f"grep -nF {'-e ' if pat.startswith('-') else ''}'{pat}' {MODULE_GLOB}",
             f"sed -i '{n}{edit}' {MODULE_GLOB} && {CHECK}"]
 
 
-def retry_demo_messages(task: Any) -> list:
-    """Assistant turns of a `shell_retry` episode: save the workspace and list the operator lines;
-    per attempt grep the operator, sed the line and run repro.py in the same call; on a failed check
-    restore the workspace (in the same call as the next attempt's grep) and try the fix; finish.
+def retry_demo_messages(task: Any, prior: Counter | None = None) -> list:
+    """Assistant turns of a `shell_retry` episode, a scripted search that knows no fix: save the
+    workspace and list the operator lines; then per attempt (`search_order`: the most frequent fix of
+    the training tasks first) grep the operator, sed the line and run repro.py in the same call; after
+    a failed check restore the workspace (in the same call as the next attempt's grep); finish after
+    the check prints ok. `prior` defaults to this task's own fix only (its first attempt is the fix).
 
         run_terminal_cmd  cp -r . /tmp/base && grep -nE '<ops>' */[!_]*.py
-        run_terminal_cmd  grep -nF ' + ' */[!_]*.py                          (a wrong attempt, half the tasks)
-        run_terminal_cmd  sed -i '3s/ + / - /' */[!_]*.py && python repro.py   -> got 4, want 20
+        run_terminal_cmd  grep -nF ' + ' */[!_]*.py
+        run_terminal_cmd  sed -i '3s/+/*/' */[!_]*.py && python repro.py     -> got 4, want 20
         run_terminal_cmd  cp -r /tmp/base/. . && grep -nF ' - ' */[!_]*.py
-        run_terminal_cmd  sed -i '5s/ - / * /' */[!_]*.py && python repro.py   -> ok
+        run_terminal_cmd  sed -i '5s/-/+/' */[!_]*.py && python repro.py     -> ok
         final message     Fixed line 5.
     """
     from c2jax.data.chat_format import Message, ToolCall, make_call_id
 
-    if not applies(task, "shell_retry"):
-        raise ValueError(f"shell_retry demos need one module with one bug on an operator line, a quote-free "
-                         f"edit and {REPRO_PATH}: {task.instance_id}")
-    bug = task.provenance["bugs"][0]
-    n = _bug_line(task, bug)["line"]
-    lines = task.provenance["repo"][bug["path"]].splitlines()
+    if prior is None:
+        prior = change_prior([task])
+    attempts = search_attempts(task, prior)
+    if attempts is None:
+        raise ValueError(f"shell_retry: the search does not find the fix of {task.instance_id} within "
+                         f"{MAX_ATTEMPTS} checked attempts (or the task is not demonstrable)")
+    lines = task.provenance["repo"][task.provenance["bugs"][0]["path"]].splitlines()
     cmds = [f"{BACKUP} && {_EXPLORE['shell_locate']}"]
-    wrong = wrong_first_edit(task)
-    if wrong is not None:
-        wn, wedit, _ = wrong
-        cmds += _attempt(task, wn, wedit, lines[wn - 1])
-    fix = _attempt(task, n, sed_edit(bug["old"], bug["new"], quote_free=True), bug["old"])
-    if wrong is not None:
-        fix[0] = f"{RESTORE} && {fix[0]}"
-    cmds += fix
+    for k, e in enumerate(attempts):
+        grep, sed = _attempt(e.line, e.sed, lines[e.line - 1])
+        cmds += [f"{RESTORE} && {grep}" if k else grep, sed]
     turns = [Message("assistant", "", [ToolCall(make_call_id("run_terminal_cmd", i), "run_terminal_cmd",
                                                 json.dumps({"command": c}))]) for i, c in enumerate(cmds)]
-    return turns + [Message("assistant", f"Fixed line {n}.")]
+    return turns + [Message("assistant", f"Fixed line {attempts[-1].line}.")]

@@ -315,7 +315,7 @@ def suite_d0(tmp_path_factory):
     return T.build_toyfix(out, n_train=2, n_eval=2, n_demo=10, difficulty=0, seed=0, workers=2, grader_checks=1)
 
 
-def _retry_episode(task, max_turns: int = 8):
+def _retry_episode(task, prior, max_turns: int = 8):
     from c2jax.agent.harness import Harness, HarnessConfig
     from c2jax.agent.policies import ScriptedPolicy
     from c2jax.agent.tools import ToolConfig
@@ -326,37 +326,45 @@ def _retry_episode(task, max_turns: int = 8):
     h = Harness(fmt, HarnessConfig(system_prompt=SHORT_SYSTEM, tools=ToolConfig(enabled=("run_terminal_cmd",)),
                                    max_turns=max_turns))
     with start(task.env_id, task.limits) as sb:
-        return h.run(ScriptedPolicy(fmt, shell_demo_messages(task, style="shell_retry")), sb,
+        return h.run(ScriptedPolicy(fmt, shell_demo_messages(task, style="shell_retry", prior=prior)), sb,
                      task.problem_statement, task_id=task.instance_id)
 
 
 @needs_bwrap
 def test_shell_retry_demos_check_undo_and_fix_in_real_sandboxes(suite_d0):
-    """Through the real harness and sandbox: a demonstration whose first edit is wrong sees repro.py
-    fail, restores the workspace and fixes the bug (the final diff holds the fix only); one without
-    sees `ok` at once; both resolve with the real grader. The positive control: the wrong edit alone,
-    without the restore, leaves a diff the grader does not resolve."""
+    """Through the real harness and sandbox: a search demonstration whose first edit is wrong sees
+    repro.py fail, restores the workspace and goes on to the fix (the final diff holds the fix only);
+    one whose first edit is the fix sees `ok` at once; both resolve with the real grader. The positive
+    control: the wrong edit alone, without the restore, leaves a diff the grader does not resolve."""
     from c2jax.envs.grading import grade
     from c2jax.envs.synth.toyfix_programs import REPRO_PATH
-    from c2jax.envs.synth.toyfix_shell_demos import RESTORE, applies, wrong_first_edit
+    from c2jax.envs.synth.toyfix_shell_demos import RESTORE, applies, search_attempts
     from c2jax.envs.tasks import load_tasks
 
     tasks = [t for t in load_tasks(suite_d0["demo"]) if applies(t, "shell_retry")]
     assert all(REPRO_PATH in t.provenance["repo"] for t in tasks)
-    with_wrong = [t for t in tasks if wrong_first_edit(t) is not None]
-    without = [t for t in tasks if wrong_first_edit(t) is None]
-    assert with_wrong and without, (len(with_wrong), len(without))
-    for t, retried in ((with_wrong[0], True), (without[0], False)):
-        ep = _retry_episode(t)
+    # a prior that ranks the fix of the first task last, so its search starts with a wrong edit
+    from collections import Counter
+
+    from c2jax.envs.synth.toyfix_shell_demos import candidate_edits, gold_change
+
+    t0 = next(t for t in tasks if len(candidate_edits(t)) >= 2)
+    prior = Counter({e.change: 2 for e in candidate_edits(t0)})
+    prior[gold_change(t0)] = 1
+    assert len(search_attempts(t0, prior)) >= 2
+    t1 = tasks[1] if tasks[1] is not t0 else tasks[2]
+    prior1 = Counter({gold_change(t1): 1})
+    for t, p, retried in ((t0, prior, True), (t1, prior1, False)):
+        ep = _retry_episode(t, p)
         assert ep.stop_reason == "finished", ep.events[-3:]
         outs = [m["content"] for m in ep.messages[0] if m["role"] == "tool"]
         checks = [o for o in outs if o.startswith(("ok", "got "))]
         assert checks[-1].startswith("ok\n"), outs
-        assert len(checks) == (2 if retried else 1) and (checks[0].startswith("got ") if retried else True), outs
+        assert all(c.startswith("got ") for c in checks[:-1]) and (len(checks) > 1) == retried, outs
         assert (RESTORE in json.dumps(ep.messages[0])) == retried
         g = grade(t, ep.diff)
         assert g.resolved and g.reward == 1.0, (g.flags, g.detail, ep.diff)
-        assert ep.diff.count("\n+++ ") + ep.diff.startswith("+++ ") <= 1 and REPRO_PATH not in ep.diff
+        assert ep.diff.count("+++ ") == 1 and REPRO_PATH not in ep.diff
         if retried:  # positive control: stop after the wrong attempt (explore, grep, sed + check)
-            short = _retry_episode(t, max_turns=3)
+            short = _retry_episode(t, p, max_turns=3)
             assert short.diff and not grade(t, short.diff).resolved

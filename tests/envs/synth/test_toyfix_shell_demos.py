@@ -237,27 +237,52 @@ def test_shell_locate_qf_demonstrates_string_repeats_that_shell_locate_skips(tmp
     assert extra >= 3  # string repeats are ~5% of d0 tasks
 
 
-def test_shell_retry_candidates_hold_the_fix_and_wrong_first_edits_fail_the_check():
-    """`candidate_edits` lists the gold fix of every demonstrable difficulty-0 task; about half the
-    demonstrations start with a wrong edit, which repro.py (run on the host) catches; the others start
-    with the fix, which repro.py accepts; every demonstration runs repro.py after each sed."""
-    from c2jax.envs.synth.toyfix_programs import REPRO_OK
-    from c2jax.envs.synth.toyfix_shell_demos import (CHECK, RETRY_SHARE, _bug_line, _repro_after, candidate_edits,
-                                                     wrong_first_edit)
+def test_shell_retry_search_holds_the_fix_checks_every_edit_and_knows_no_answer():
+    """`candidate_edits` lists the gold fix of every demonstrable difficulty-0 task; the search tries
+    edits in the prior's order, every attempt before the last fails repro.py (run on the host) and the
+    last is the fix, which it accepts; each sed is followed by repro.py and each later attempt starts by
+    restoring the workspace. The search knows no answer: two tasks with the same operator lines get the
+    same first attempt whatever their fix (positive control: `prior=None` demonstrates the task's own
+    fix first, so there the first attempts differ)."""
+    from collections import Counter
 
-    tasks = [t for t in _d0_tasks("demo", 120) if applies(t, "shell_retry")]
-    assert len(tasks) >= 100
-    wrong = 0
+    from c2jax.envs.synth.toyfix_programs import REPRO_OK
+    from c2jax.envs.synth.toyfix_shell_demos import (CHECK, MAX_ATTEMPTS, RESTORE, _bug_line, _repro_after,
+                                                     candidate_edits, change_prior, search_attempts)
+
+    tasks = [t for t in _d0_tasks("demo", 200) if applies(t, "shell_retry")]
+    prior = change_prior(tasks)
+    assert len(tasks) >= 150 and prior.most_common(1)[0][1] < len(tasks)
+    lengths: Counter = Counter()
     for t in tasks:
         bug = t.provenance["bugs"][0]
         n = _bug_line(t, bug)["line"]
-        assert (n, bug["new"]) in {(c[0], c[2]) for c in candidate_edits(t)}
-        assert _repro_after(t, n, bug["new"]) == REPRO_OK
-        w = wrong_first_edit(t)
-        if w is not None:
-            wrong += 1
-            assert (w[0], w[2]) != (n, bug["new"]) and _repro_after(t, w[0], w[2]) != REPRO_OK
-        cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in shell_demo_messages(t, "shell_retry")[:-1]]
+        assert (n, bug["new"]) in {(e.line, e.new_line) for e in candidate_edits(t)}
+        att = search_attempts(t, prior)
+        lengths[None if att is None else len(att)] += 1
+        if att is None:
+            continue
+        assert (att[-1].line, att[-1].new_line) == (n, bug["new"]) and _repro_after(t, n, bug["new"]) == REPRO_OK
+        assert all(_repro_after(t, e.line, e.new_line) != REPRO_OK for e in att[:-1])
+        cmds = [json.loads(m.tool_calls[0].arguments)["command"]
+                for m in shell_demo_messages(t, "shell_retry", prior=prior)[:-1]]
         seds = [c for c in cmds if c.startswith("sed -i")]
-        assert len(seds) == (2 if w else 1) and all(c.endswith(" && " + CHECK) for c in seds)
-    assert abs(wrong / len(tasks) - RETRY_SHARE) < 0.15, wrong / len(tasks)
+        assert len(seds) == len(att) <= MAX_ATTEMPTS and all(c.endswith(" && " + CHECK) for c in seds)
+        assert sum(c.startswith(RESTORE) for c in cmds) == len(att) - 1
+    assert lengths[1] > lengths[2] > 0 and lengths[3] > 0, lengths
+    # the same operator lines, different fixes: the search's first attempt does not depend on the fix
+    by_lines: dict = {}
+    for t in tasks:
+        by_lines.setdefault(tuple(sorted(e.change for e in candidate_edits(t))), []).append(t)
+    pairs = [(a, b) for ts in by_lines.values() for a in ts for b in ts if _gold(a) != _gold(b)]
+    assert pairs
+    a, b = pairs[0]
+    first = lambda t, p: search_attempts(t, p, max_attempts=8)[0].change  # noqa: E731
+    assert first(a, prior) == first(b, prior)
+    assert first(a, change_prior([a])) != first(b, change_prior([b]))
+
+
+def _gold(t):
+    from c2jax.envs.synth.toyfix_shell_demos import gold_change
+
+    return gold_change(t)
