@@ -54,7 +54,8 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     # heuristics of their (earlier) rollouts: mean turns and thinking tokens (report 3.2).
     curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
     # The learnable task family (c2jax.envs.synth.toyfix) built for the stage (cached).
-    tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=64, n_demo=256, seed=0, docstrings=False),
+    tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=64, n_demo=256, seed=0, docstrings=False,
+               repro=False),
     # Held-out evaluation before and after RL (same command both times), and pass@1 against the
     # family's difficulty knob (c2jax.train.rl_difficulty: `difficulty_n_tasks` held-out tasks x
     # `difficulty_k` samples at each of `difficulties`; the configured difficulty reuses the main rows).
@@ -231,8 +232,9 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any], full: Any = None) -> N
     for k in ("n_train", "n_eval", "n_demo"):
         _int(check, f"tasks.{k}", tasks.get(k), 0)
     _int(check, "tasks.seed", tasks.get("seed"), 0)
-    if not isinstance(tasks.get("docstrings"), bool):
-        check.error("tasks.docstrings", f"must be a bool, got {tasks.get('docstrings')!r}")
+    for k in ("docstrings", "repro"):
+        if not isinstance(tasks.get(k), bool):
+            check.error(f"tasks.{k}", f"must be a bool, got {tasks.get(k)!r}")
     ev = dict(c["eval"])
     _sub(check, "eval", ev, d["eval"])
     if not isinstance(ev.get("enabled"), bool):

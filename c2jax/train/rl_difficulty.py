@@ -38,10 +38,13 @@ def family_for_difficulty(config: Any, rl: dict, difficulty: int) -> dict:
     args = {"difficulty": int(difficulty), "n_train": 8, "n_eval": n, "n_demo": 0, "seed": int(t["seed"])}
     if t.get("docstrings"):
         args["docstrings"] = True
+    if t.get("repro"):
+        args["repro"] = True
     h = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:12]
     out = os.path.join(cache_root(config), "tasks", f"toyfix-d{difficulty}-{h}")
     info = dict(build_toyfix(out, n_train=args["n_train"], n_eval=n, n_demo=0, difficulty=int(difficulty),
-                             seed=args["seed"], docstrings=bool(args.get("docstrings")), workers=2))
+                             seed=args["seed"], docstrings=bool(args.get("docstrings")),
+                             repro=bool(args.get("repro")), workers=2))
     info["dir"] = out
     materialize_envs(load_tasks(info["eval"]))
     return info

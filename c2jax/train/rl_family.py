@@ -30,6 +30,8 @@ def family_args(config: Any) -> dict:
     args = {k: t[k] for k in ("difficulty", "n_train", "n_eval", "n_demo", "seed")}
     if t.get("docstrings"):
         args["docstrings"] = True  # (absent when False: families built before the knob keep their key)
+    if t.get("repro"):
+        args["repro"] = True  # (likewise)
     return args
 
 
@@ -59,6 +61,7 @@ def ensure_family(config: Any) -> dict:
     out = family_dir(config)
     info = dict(build_toyfix(out, n_train=args["n_train"], n_eval=args["n_eval"], n_demo=args["n_demo"],
                              difficulty=args["difficulty"], seed=args["seed"], docstrings=bool(args.get("docstrings")),
+                             repro=bool(args.get("repro")),
                              workers=2))
     info["dir"] = out
     from c2jax.envs.synth.toyfix import materialize_envs

@@ -38,6 +38,10 @@ Presets (after ':'):
                   unlikeliness reward (He, Fried & Welleck 2025), weight 0.25; a correct sample's task
                   reward is scaled by 1 - 0.25 * rank / G, rank 0 = the group's least likely sample. The
                   ablation without it: --config.rl.rewards.unlikeliness.weight=0
+    retry         tasks with a visible repro.py and a cold start that searches with it: each sed runs
+                  repro.py, a failed check restores the workspace and the next edit is tried (most frequent
+                  training fix first, <= 3 attempts; `agent_sft.demo_style=shell_retry`, 8 turns, 400 SFT
+                  steps). Measured: RL does not lift it (docs/rl_experiments.md)
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
@@ -51,7 +55,7 @@ from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
 PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
-           "best_of_2", "top_entropy", "unlikely", "sft_matched")
+           "best_of_2", "top_entropy", "unlikely", "retry", "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -134,7 +138,10 @@ def _rl(**over) -> dict:
         replay_metrics=True,
         grade_cache=True,
         curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
-        tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=128, n_demo=4096, seed=0, docstrings=False),
+        # repro=True: each task repository also holds repro.py, a visible check of the statement's call
+        # (preset `retry`)
+        tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=128, n_demo=4096, seed=0, docstrings=False,
+                   repro=False),
         eval=dict(enabled=True, k=8, temperature=1.0, n_tasks=128, max_in_flight=32, difficulties=(0, 1, 2, 3),
                   difficulty_n_tasks=16, difficulty_k=4),
         services=dict(enabled=False, backend="local", ray_address=placeholder(str), inflight_updates=True, max_retries=2,
@@ -171,13 +178,13 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     # config with --config.train.steps=1000), so the default's build is theirs, content hash included.
     config.train = _cpt(steps=4, batch_size=4, seq_len=64, peak_lr=1e-2) if smoke else \
         _cpt(steps=1000, batch_size=8, seq_len=256, peak_lr=1e-2, warmup_steps=15, eval_every=300, ckpt_every=150)
-    config.agent_sft = dict(steps=4 if smoke else 400, batch_size=2 if smoke else 4, seq_len=1024,
+    config.agent_sft = dict(steps=4 if smoke else 600, batch_size=2 if smoke else 4, seq_len=1024,
                             peak_lr=3e-3, warmup_steps=2 if smoke else 20, min_lr_ratio=0.1, weight_decay=0.0,
                             clip_norm=1.0, max_demos=6 if smoke else 4096, split="demo", log_every=1 if smoke else 10,
                             synth_code_steps=3 if smoke else 0, synth_code_batch=16, synth_code_seq_len=256,
                             synth_code_lr=3e-3, synth_code_drill_words="train", synth_code_drill_share=0.5,
-                            demo_style="shell_retry", fit_rows=True)
-    config.agent = agent_config_dict(system_prompt=SYSTEM, max_turns=8, max_policy_tokens=768, max_new_tokens=160,
+                            demo_style="shell_locate", fit_rows=True)
+    config.agent = agent_config_dict(system_prompt=SYSTEM, max_turns=6, max_policy_tokens=768, max_new_tokens=160,
                                      max_context_tokens=1024, max_wall_s=120.0, summary_trigger_tokens=None,
                                      tools={"enabled": TOYFIX_TOOLS, "strict": False, "compact_declarations": True, "cmd_timeout_s": 20.0,
                                             "output_max_chars": 600, "read_max_lines": 60})
@@ -209,6 +216,16 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.token_filter.name = "top_entropy"
     elif arg == "unlikely":
         config.rl.rewards.unlikeliness.weight = 0.25
+    elif arg == "retry":
+        # A family with a visible check and a cold start that searches with it (generator v6): repro.py in
+        # each task repository; demonstrations that run it after each edit, restore the workspace and try
+        # the next edit on failure (most frequent training fix first, <= 3 attempts); 8 turns for them;
+        # 400 SFT steps (its rows are ~1.7x longer). Measured on seed 0: RL does not lift it
+        # (docs/rl_experiments.md, "a visible check and a searching cold start")
+        config.rl.tasks.repro = True
+        config.agent_sft.demo_style = "shell_retry"
+        config.agent_sft.steps = 400
+        config.agent.max_turns = 8
     elif arg == "sft_matched":
         # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
         # over scripted demonstrations of the same train tasks; evaluated like the RL stage.

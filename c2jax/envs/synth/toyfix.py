@@ -19,6 +19,12 @@ Difficulty (`difficulty`):
   3  three modules; one function is a stub (docstring + `raise NotImplementedError`) in one module
      and a one-token bug sits in another module: two files to change.
 
+`repro=True` (generator v6) adds `repro.py` at the repository root, in both states and so in no
+patch: it runs the statement's call and prints `ok`, or `got X, want Y` with exit code 1 (validation
+checks it tells the two states apart). It is the agent's own check of an edit, the "run tests" step
+of the `shell_retry` demonstrations (`toyfix_shell_demos`); the hidden tests stay hidden. The package,
+tests and statement are drawn before it, so a seed gives the same task with or without it.
+
 No leakage: the training distribution (train.jsonl and demo.jsonl) and the held-out split
 (eval.jsonl) draw from disjoint generator seed streams, disjoint identifier vocabularies (package,
 module, function and variable names) and disjoint code constants; `leakage_report` checks that no
@@ -318,7 +324,7 @@ def generator_key() -> str:
 
 
 def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, str], start: int = 0,
-             docstrings: bool = False) -> tuple[list[Candidate], int]:
+             docstrings: bool = False, repro: bool = False) -> tuple[list[Candidate], int]:
     """Up to `n` host-checked candidates of `stream` (updates `taken`: normalised gold diff -> stream
     that took it); returns (candidates, next attempt index).
 
@@ -331,7 +337,7 @@ def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, s
     i = start
     limit = start + 50 * max(n, 1) + 100
     while len(out) < n and i < limit:
-        c = make_candidate(stream, _seed(seed, stream, difficulty, i), difficulty, docstrings)
+        c = make_candidate(stream, _seed(seed, stream, difficulty, i), difficulty, docstrings, repro)
         i += 1
         if c is None:
             continue
@@ -350,7 +356,7 @@ def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, s
 
 
 def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, difficulty: int = 1, seed: int = 0,
-                 docstrings: bool = False,
+                 docstrings: bool = False, repro: bool = False,
                  workers: int = 2, grader_checks: int = 2, batch_size: int = 64) -> dict:
     """Build the toyfix suite into `out_dir` (see the module docstring); cached.
 
@@ -372,7 +378,8 @@ def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, diffic
     done_path = os.path.join(out_dir, "done.json")
     runner = runner_env(BuildContext(out_dir))
     args = {"n_train": n_train, "n_eval": n_eval, "n_demo": n_demo, "difficulty": difficulty, "seed": seed,
-            "grader_checks": grader_checks, **({"docstrings": True} if docstrings else {})}
+            "grader_checks": grader_checks, **({"docstrings": True} if docstrings else {}),
+            **({"repro": True} if repro else {})}
     key = hashlib.sha256(json.dumps([args, GENERATOR_VERSION, _code_digest(), runner],
                                     sort_keys=True).encode()).hexdigest()[:16]
     if os.path.exists(done_path):
@@ -400,7 +407,7 @@ def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, diffic
             for s in STREAMS:
                 need = want[s] - len(accepted[s])
                 if need > 0:
-                    got, next_i[s] = generate(s, need, difficulty, seed, taken, next_i[s], docstrings)
+                    got, next_i[s] = generate(s, need, difficulty, seed, taken, next_i[s], docstrings, repro)
                     fresh += got
             timing["generate_s"] = timing.get("generate_s", 0) + time.monotonic() - t1
             if not fresh:

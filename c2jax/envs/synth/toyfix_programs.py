@@ -299,10 +299,13 @@ def _unique_old(text: str, lines: list[str], i: int, n: int) -> tuple[str, int]:
     return "\n".join(lines[:i + n]), 0
 
 
-def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = False) -> Candidate | None:
+def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = False,
+                   repro: bool = False) -> Candidate | None:
     """One generated task from its seed (None if this seed gives no valid bug). `docstrings`: every
     function states its intended behaviour (always at difficulty 3), so the fix follows from reading
-    the code rather than from arithmetic on the statement's numbers."""
+    the code rather than from arithmetic on the statement's numbers. `repro`: the repository also holds
+    `repro.py` (`repro_text`), a visible check of the statement's call; drawn after everything else, so
+    the package, tests and statement are those of `repro=False`."""
     split = "eval" if stream == "eval" else "train"
     vocab = VOCAB[split]
     rng = random.Random(seed)
@@ -421,7 +424,7 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
                 lines.append(f"    assert {_fmt_call(f.name, c)} == {val!r}")
             (f2p if (mod, f.name) in bugged else p2p).append(f"{test_path}::{tname}")
     tests = {test_path: "\n".join(lines) + "\n"}
-    repro = {REPRO_PATH: repro_text(bugs)}  # visible, the same in both states (not part of any patch)
+    repro = {REPRO_PATH: repro_text(bugs)} if repro else {}  # visible, the same in both states (in no patch)
     pristine = {f"{pkg}/__init__.py": "", **{f"{pkg}/{m}.py": t for m, t in pristine_mod.items()}, **repro}
     broken = {f"{pkg}/__init__.py": "", **{f"{pkg}/{m}.py": t for m, t in broken_mod.items()}, **repro}
     # the edits a scripted expert makes (search_replace, applied in order): must give back pristine

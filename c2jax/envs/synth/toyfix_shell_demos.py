@@ -33,6 +33,19 @@ Three styles differ in the explore / locate steps only:
   span widens rightward instead (`s/+ 3/* 3/`), so those tasks get demonstrations too;
   `shell_locate` skips them.
 
+- `shell_retry` (tasks built with `repro=True`) is a search that knows no fix: the explore step also
+  saves the workspace, each attempt is `shell_locate_qf`'s grep and sed with the task's repro.py run
+  in the same call, and a failed check restores the workspace before the next attempt; edits are tried
+  in the order of the fixes most frequent on the training tasks (`change_prior`, `search_order`), at
+  most `MAX_ATTEMPTS`, and a task the search does not solve within them is not demonstrated:
+
+    run_terminal_cmd  cp -r . /tmp/base && grep -nE '<ops>' */[!_]*.py
+    run_terminal_cmd  grep -nF ' + ' */[!_]*.py
+    run_terminal_cmd  sed -i '3s/+/*/' */[!_]*.py && python repro.py     -> got 4, want 20, exit 1
+    run_terminal_cmd  cp -r /tmp/base/. . && grep -nF ' - ' */[!_]*.py
+    run_terminal_cmd  sed -i '5s/-/+/' */[!_]*.py && python repro.py     -> ok
+    final message     Fixed line 5.
+
  The edit is the smallest span around the first difference
 between the buggy and the fixed line, widened to whole words until its first occurrence in the line is
 the one to change, so the sed substitution (first match on that line) reproduces the gold line exactly.

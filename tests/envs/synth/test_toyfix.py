@@ -16,10 +16,10 @@ from _agent_common import chat_format, needs_bwrap  # noqa: F401
 from c2jax.envs.synth import toyfix as T
 
 
-def _cands(difficulty: int, stream: str = "train", n: int = 12) -> list:
+def _cands(difficulty: int, stream: str = "train", n: int = 12, repro: bool = False) -> list:
     out, i = [], 0
     while len(out) < n:
-        c = T.make_candidate(stream, T._seed(0, stream, difficulty, i), difficulty)
+        c = T.make_candidate(stream, T._seed(0, stream, difficulty, i), difficulty, repro=repro)
         i += 1
         if c is not None:
             out.append(c)
@@ -297,7 +297,10 @@ def test_repro_script_tells_broken_from_gold_on_the_host():
     from c2jax.envs.synth.toyfix_programs import REPRO_OK, REPRO_PATH, run_repro
 
     for d in (0, 1, 2):
-        for c in _cands(d, n=6):
+        plain = _cands(d, n=6)
+        for c, p in zip(_cands(d, n=6, repro=True), plain):  # the same tasks, plus repro.py
+            assert {k: v for k, v in c.broken.items() if k != REPRO_PATH} == p.broken and REPRO_PATH not in p.broken
+            assert (c.tests, c.statement, c.bugs) == (p.tests, p.statement, p.bugs)
             text = c.broken[REPRO_PATH]
             assert c.pristine[REPRO_PATH] == text
             for b in c.bugs:
@@ -312,7 +315,8 @@ def test_repro_script_tells_broken_from_gold_on_the_host():
 @pytest.fixture(scope="module")
 def suite_d0(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("toyfix_d0"))
-    return T.build_toyfix(out, n_train=2, n_eval=2, n_demo=10, difficulty=0, seed=0, workers=2, grader_checks=1)
+    return T.build_toyfix(out, n_train=2, n_eval=2, n_demo=10, difficulty=0, seed=0, workers=2, grader_checks=1,
+                          repro=True)
 
 
 def _retry_episode(task, prior, max_turns: int = 8):

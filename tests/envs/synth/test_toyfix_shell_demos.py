@@ -82,12 +82,12 @@ def test_docstrings_knob_documents_every_function_at_difficulty_1():
     assert '"""' not in "".join(t for p, t in plain.broken.items() if "/" in p)
 
 
-def _d0_tasks(stream: str, n: int) -> list:
+def _d0_tasks(stream: str, n: int, repro: bool = False) -> list:
     import types
 
     out, i = [], 0
     while len(out) < n:
-        c = toyfix.make_candidate(stream, toyfix._seed(0, stream, 0, i), 0)
+        c = toyfix.make_candidate(stream, toyfix._seed(0, stream, 0, i), 0, repro=repro)
         i += 1
         if c is not None:
             out.append(types.SimpleNamespace(instance_id=f"{stream}{i}",
@@ -250,7 +250,8 @@ def test_shell_retry_search_holds_the_fix_checks_every_edit_and_knows_no_answer(
     from c2jax.envs.synth.toyfix_shell_demos import (CHECK, MAX_ATTEMPTS, RESTORE, _bug_line, _repro_after,
                                                      candidate_edits, change_prior, search_attempts)
 
-    tasks = [t for t in _d0_tasks("demo", 200) if applies(t, "shell_retry")]
+    assert not any(applies(t, "shell_retry") for t in _d0_tasks("demo", 20))  # needs repro.py
+    tasks = [t for t in _d0_tasks("demo", 200, repro=True) if applies(t, "shell_retry")]
     prior = change_prior(tasks)
     assert len(tasks) >= 150 and prior.most_common(1)[0][1] < len(tasks)
     lengths: Counter = Counter()
