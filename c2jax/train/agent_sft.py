@@ -126,7 +126,7 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
     prior = None
     if shell:
         tasks = [t for t in tasks if toyfix_shell_demos.applies(t, style)]
-    if style == "shell_retry":  # the search's order: the fixes most frequent on the split's tasks first
+    if style in toyfix_shell_demos.RETRY_STYLES:  # the search's order: the fixes most frequent on the split's tasks first
         prior = toyfix_shell_demos.change_prior(tasks)
         tasks = [t for t in tasks if toyfix_shell_demos.search_attempts(t, prior) is not None]
     tasks = tasks[:max_demos]

@@ -67,12 +67,12 @@ MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulties 0-1 (not
 # A binary operator between spaces: arithmetic, comparison, augmented assignment (not `=` alone, not a
 # unary minus). GNU grep extended syntax, single-quoted in the command.
 OPS_REGEX = " ([-+*/%<>]|//|[-+*/<>=!]=) "
-STYLES = ("shell_lines", "shell_ops", "shell_locate", "shell_locate_qf", "shell_retry")
+STYLES = ("shell_lines", "shell_ops", "shell_locate", "shell_locate_qf", "shell_retry", "shell_retry_addr")
 _EXPLORE = {"shell_lines": f"grep -n . {MODULE_GLOB}", "shell_ops": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}",
             "shell_locate": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
 _EXPLORE["shell_locate_qf"] = _EXPLORE["shell_locate"]
-_LOCATE = ("shell_locate", "shell_locate_qf", "shell_retry")  # the styles with the fixed-string operator grep
-_QUOTE_FREE = ("shell_locate_qf", "shell_retry")  # widen the sed span rightward where the leftward one needs a quote
+_LOCATE = ("shell_locate", "shell_locate_qf", "shell_retry", "shell_retry_addr")  # the styles with the fixed-string operator grep
+_QUOTE_FREE = ("shell_locate_qf", "shell_retry", "shell_retry_addr")  # widen the sed span rightward where the leftward one needs a quote
 _BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
 _REPL_SPECIAL = re.compile(r"([\\&/])")
 
@@ -167,7 +167,7 @@ def applies(task: Any, style: str = "shell_lines") -> bool:
         return False
     if style in ("shell_ops",) + _LOCATE and not re.search(OPS_REGEX, bugs[0]["old"]):
         return False
-    if style == "shell_retry" and REPRO_PATH not in repo:
+    if style in RETRY_STYLES and REPRO_PATH not in repo:
         return False
     try:
         sed_edit(bugs[0]["old"], bugs[0]["new"], quote_free=style in _QUOTE_FREE)
@@ -202,8 +202,8 @@ def shell_demo_messages(task: Any, style: str = "shell_lines", prior: Counter | 
     """Assistant turns of the shell-style expert episode on `task` (see the module docstring)."""
     from c2jax.data.chat_format import Message, ToolCall, make_call_id
 
-    if style == "shell_retry":
-        return retry_demo_messages(task, prior)
+    if style in RETRY_STYLES:
+        return retry_demo_messages(task, prior, by_address=style == "shell_retry_addr")
     if not applies(task, style):
         raise ValueError(f"{style} demos need one module with one bug and a quote-free edit"
                          f"{' on a line with a binary operator' if style == 'shell_ops' else ''}: {task.instance_id}")
@@ -259,6 +259,7 @@ def blind_edit_baseline(train: Sequence[Any], held_out: Sequence[Any]) -> dict:
 BACKUP = "cp -r . /tmp/base"  # the explore step saves the workspace ...
 RESTORE = "cp -r /tmp/base/. ."  # ... and a failed attempt is undone by copying it back (nothing to copy)
 CHECK = f"python {REPRO_PATH}"
+RETRY_STYLES = ("shell_retry", "shell_retry_addr")
 MAX_ATTEMPTS = 3  # explore + 3 x (grep, sed + check) + finish = 8 turns (the quickstart's agent.max_turns)
 
 
@@ -333,19 +334,27 @@ def search_attempts(task: Any, prior: Counter, max_attempts: int = MAX_ATTEMPTS)
     return None
 
 
-def _attempt(n: int, edit: str, old_line: str) -> list[str]:
-    """The two calls of one attempt: grep the operator to change, then sed line n and run repro.py."""
+def _attempt(n: int, edit: str, old_line: str, lines: Sequence[str] | None = None) -> list[str]:
+    """The two calls of one attempt: grep the operator to change, then sed line n and run repro.py.
+    With the module's `lines` (`shell_retry_addr`), the sed addresses the line by the grepped string
+    instead of its number where that string is on this line only (`sed -i '/ + /s/+/*/'`): the call
+    then copies the string of the call before it, not a number from a tool output."""
     pat = locate_pattern(old_line, edit)
+    addr = str(n)
+    if lines is not None and sum(pat in ln for ln in lines) == 1:
+        addr = f"/{_escape_pattern(pat)}/"
     return [f"grep -nF {'-e ' if pat.startswith('-') else ''}'{pat}' {MODULE_GLOB}",
-            f"sed -i '{n}{edit}' {MODULE_GLOB} && {CHECK}"]
+            f"sed -i '{addr}{edit}' {MODULE_GLOB} && {CHECK}"]
 
 
-def retry_demo_messages(task: Any, prior: Counter | None = None) -> list:
+def retry_demo_messages(task: Any, prior: Counter | None = None, by_address: bool = False) -> list:
     """Assistant turns of a `shell_retry` episode, a scripted search that knows no fix: save the
     workspace and list the operator lines; then per attempt (`search_order`: the most frequent fix of
     the training tasks first) grep the operator, sed the line and run repro.py in the same call; after
     a failed check restore the workspace (in the same call as the next attempt's grep); finish after
     the check prints ok. `prior` defaults to this task's own fix only (its first attempt is the fix).
+    `by_address` (`shell_retry_addr`): each sed addresses its line by the grepped string where it is
+    unique (`_attempt`), and the final message names no line.
 
         run_terminal_cmd  cp -r . /tmp/base && grep -nE '<ops>' */[!_]*.py
         run_terminal_cmd  grep -nF ' + ' */[!_]*.py
@@ -365,8 +374,8 @@ def retry_demo_messages(task: Any, prior: Counter | None = None) -> list:
     lines = task.provenance["repo"][task.provenance["bugs"][0]["path"]].splitlines()
     cmds = [f"{BACKUP} && {_EXPLORE['shell_locate']}"]
     for k, e in enumerate(attempts):
-        grep, sed = _attempt(e.line, e.sed, lines[e.line - 1])
+        grep, sed = _attempt(e.line, e.sed, lines[e.line - 1], lines if by_address else None)
         cmds += [f"{RESTORE} && {grep}" if k else grep, sed]
     turns = [Message("assistant", "", [ToolCall(make_call_id("run_terminal_cmd", i), "run_terminal_cmd",
                                                 json.dumps({"command": c}))]) for i, c in enumerate(cmds)]
-    return turns + [Message("assistant", f"Fixed line {attempts[-1].line}.")]
+    return turns + [Message("assistant", "Fixed." if by_address else f"Fixed line {attempts[-1].line}.")]

@@ -319,7 +319,7 @@ def suite_d0(tmp_path_factory):
                           repro=True)
 
 
-def _retry_episode(task, prior, max_turns: int = 8):
+def _retry_episode(task, prior, max_turns: int = 8, style: str = "shell_retry"):
     from c2jax.agent.harness import Harness, HarnessConfig
     from c2jax.agent.policies import ScriptedPolicy
     from c2jax.agent.tools import ToolConfig
@@ -330,12 +330,13 @@ def _retry_episode(task, prior, max_turns: int = 8):
     h = Harness(fmt, HarnessConfig(system_prompt=SHORT_SYSTEM, tools=ToolConfig(enabled=("run_terminal_cmd",)),
                                    max_turns=max_turns))
     with start(task.env_id, task.limits) as sb:
-        return h.run(ScriptedPolicy(fmt, shell_demo_messages(task, style="shell_retry", prior=prior)), sb,
+        return h.run(ScriptedPolicy(fmt, shell_demo_messages(task, style=style, prior=prior)), sb,
                      task.problem_statement, task_id=task.instance_id)
 
 
 @needs_bwrap
-def test_shell_retry_demos_check_undo_and_fix_in_real_sandboxes(suite_d0):
+@pytest.mark.parametrize("style", ["shell_retry", "shell_retry_addr"])
+def test_shell_retry_demos_check_undo_and_fix_in_real_sandboxes(suite_d0, style):
     """Through the real harness and sandbox: a search demonstration whose first edit is wrong sees
     repro.py fail, restores the workspace and goes on to the fix (the final diff holds the fix only);
     one whose first edit is the fix sees `ok` at once; both resolve with the real grader. The positive
@@ -359,7 +360,7 @@ def test_shell_retry_demos_check_undo_and_fix_in_real_sandboxes(suite_d0):
     t1 = tasks[1] if tasks[1] is not t0 else tasks[2]
     prior1 = Counter({gold_change(t1): 1})
     for t, p, retried in ((t0, prior, True), (t1, prior1, False)):
-        ep = _retry_episode(t, p)
+        ep = _retry_episode(t, p, style=style)
         assert ep.stop_reason == "finished", ep.events[-3:]
         outs = [m["content"] for m in ep.messages[0] if m["role"] == "tool"]
         checks = [o for o in outs if o.startswith(("ok", "got "))]
@@ -370,5 +371,5 @@ def test_shell_retry_demos_check_undo_and_fix_in_real_sandboxes(suite_d0):
         assert g.resolved and g.reward == 1.0, (g.flags, g.detail, ep.diff)
         assert ep.diff.count("+++ ") == 1 and REPRO_PATH not in ep.diff
         if retried:  # positive control: stop after the wrong attempt (explore, grep, sed + check)
-            short = _retry_episode(t, p, max_turns=3)
+            short = _retry_episode(t, p, max_turns=3, style=style)
             assert short.diff and not grade(t, short.diff).resolved

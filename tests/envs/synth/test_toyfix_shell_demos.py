@@ -287,3 +287,34 @@ def _gold(t):
     from c2jax.envs.synth.toyfix_shell_demos import gold_change
 
     return gold_change(t)
+
+
+def test_shell_retry_addr_seds_address_the_line_by_the_grepped_string_with_real_sed(tmp_path):
+    """`shell_retry_addr` addresses each sed by the string its grep looked for where that string is on
+    one line only (most attempts), else by the number; run with the real GNU sed on the module, every
+    attempt turns exactly its line into the edit's new line and leaves the others alone."""
+    from c2jax.envs.synth.toyfix_shell_demos import change_prior, search_attempts
+
+    tasks = [t for t in _d0_tasks("demo", 150, repro=True) if applies(t, "shell_retry_addr")]
+    prior = change_prior(tasks)
+    by_addr = by_number = 0
+    for t in tasks:
+        att = search_attempts(t, prior)
+        if att is None:
+            continue
+        path = t.provenance["bugs"][0]["path"]
+        src = t.provenance["repo"][path]
+        cmds = [json.loads(m.tool_calls[0].arguments)["command"]
+                for m in shell_demo_messages(t, "shell_retry_addr", prior=prior)[:-1]]
+        seds = [c.split(" && ")[0] for c in cmds if c.startswith("sed -i")]
+        for e, sed in zip(att, seds):
+            f = tmp_path / "m.py"
+            f.write_text(src)
+            script = sed.split("'")[1]
+            by_addr += script.startswith("/")
+            by_number += not script.startswith("/")
+            subprocess.run(["sed", "-i", script, str(f)], check=True)
+            want = src.splitlines()
+            want[e.line - 1] = e.new_line
+            assert f.read_text().splitlines() == want, (sed, src)
+    assert by_addr > 5 * by_number > 0, (by_addr, by_number)
