@@ -364,17 +364,19 @@ def test_resolve_weight_sync_defaults_and_errors():
 
 
 def test_weight_sync_skips_a_version_pruned_behind_a_newer_snapshot():
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
 
     class SlowEngine(_FakeEngine):
         def update_weights(self, params, version):
+            entered.set()
             gate.wait(30)
             super().update_weights(params, version)
 
     eng = SlowEngine()
     sync = WeightSync(eng, {"mode": "delta", "full_every": 1, "keep_full": 1})
     p = _params()
-    sync.publish(p, 1)  # its delivery blocks inside the engine
+    sync.publish(p, 1)  # its delivery blocks inside the engine ...
+    assert entered.wait(30)  # ... once the reader got to it (on a loaded machine it may read 2 first)
     for v in (2, 3):
         p = _step(p, v)
         sync.publish(p, v)

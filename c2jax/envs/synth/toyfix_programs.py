@@ -163,8 +163,10 @@ def module_text(funcs: Sequence[Func]) -> str:
 
 # ---- bugs ------------------------------------------------------------------------------------------
 
-_OPS = {"+=": "-=", "-=": "+=", "<=": "<", ">=": ">", "==": "!=", "!=": "==", "//": "*", "+": "-", "-": "+",
-        "*": "+", "<": "<=", ">": ">="}
+# The operator (or comparison) a bug puts in place of each: `mutations` swaps one token for its value,
+# so a fix swaps it back (the shell_retry demonstrations search these pairs in both directions).
+OPERATOR_SWAPS = {"+=": "-=", "-=": "+=", "<=": "<", ">=": ">", "==": "!=", "!=": "==", "//": "*", "+": "-", "-": "+",
+                  "*": "+", "<": "<=", ">": ">="}
 _TOKEN = re.compile(r"'[^']*'|\+=|-=|<=|>=|==|!=|//|[+\-*<>]|\b\d+\b")
 
 
@@ -190,9 +192,9 @@ def mutations(f: Func) -> list[Mutation]:
                 for v in (int(tok) + 1, int(tok) - 1):
                     if v >= 0:
                         out.append(Mutation(i, line[:m.start()] + str(v) + line[m.end():], "off_by_one"))
-            elif tok in _OPS:
+            elif tok in OPERATOR_SWAPS:
                 kind = "comparison" if tok in ("<", ">", "<=", ">=", "==", "!=") else "operator"
-                out.append(Mutation(i, line[:m.start()] + _OPS[tok] + line[m.end():], kind))
+                out.append(Mutation(i, line[:m.start()] + OPERATOR_SWAPS[tok] + line[m.end():], kind))
         rm = re.fullmatch(r"(\s*)return ([A-Za-z_]\w*)", line)
         if rm:
             for other in f.locals:

@@ -61,7 +61,7 @@ import re
 from collections import Counter
 from typing import Any, Sequence
 
-from c2jax.envs.synth.toyfix_programs import _OPS, REPRO_OK, REPRO_PATH, run_repro
+from c2jax.envs.synth.toyfix_programs import OPERATOR_SWAPS, REPRO_OK, REPRO_PATH, run_repro
 
 MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulties 0-1 (not __init__.py)
 # A binary operator between spaces: arithmetic, comparison, augmented assignment (not `=` alone, not a
@@ -274,7 +274,7 @@ class Edit(tuple):
 
 def candidate_edits(task: Any) -> list[Edit]:
     """Every one-operator edit the policy could make on the module's operator lines, in line order:
-    each swaps one spaced binary operator for another that the generator's mutation table (`_OPS`)
+    each swaps one spaced binary operator for another that the generator's mutation table (`OPERATOR_SWAPS`)
     pairs with it, the edits a bug of this family is undone by."""
     bug = task.provenance["bugs"][0]
     lines = task.provenance["repo"][bug["path"]].splitlines()
@@ -283,7 +283,7 @@ def candidate_edits(task: Any) -> list[Edit]:
         old = lines[n - 1]
         for m in re.finditer(OPS_REGEX, old):
             op = m.group(1)
-            for new_op in sorted({_OPS.get(op), *(k for k, v in _OPS.items() if v == op)} - {None, op}):
+            for new_op in sorted({OPERATOR_SWAPS.get(op), *(k for k, v in OPERATOR_SWAPS.items() if v == op)} - {None, op}):
                 new = old[:m.start(1)] + new_op + old[m.end(1):]
                 try:
                     out.append(Edit((n, sed_edit(old, new, quote_free=True), new, (op, new_op))))
