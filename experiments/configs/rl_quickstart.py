@@ -41,7 +41,8 @@ Presets (after ':'):
     retry         tasks with a visible repro.py and a cold start that searches with it: each sed runs
                   repro.py, a failed check restores the workspace and the next edit is tried (most frequent
                   training fix first, <= 3 attempts; `agent_sft.demo_style=shell_retry`, 8 turns, 400 SFT
-                  steps). Measured: RL does not lift it (docs/rl_experiments.md)
+                  steps). Measured: RL does not lift it, nor the variant whose seds address the line by
+                  the grepped string (--config.agent_sft.demo_style=shell_retry_addr; docs/rl_experiments.md)
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
