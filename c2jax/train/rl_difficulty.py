@@ -31,15 +31,12 @@ def family_for_difficulty(config: Any, rl: dict, difficulty: int) -> dict:
 
     from c2jax.envs.synth.toyfix import build_toyfix, materialize_envs
     from c2jax.envs.tasks import load_tasks
-    from c2jax.train.rl_family import cache_root
+    from c2jax.train.rl_family import cache_root, family_flags
 
     t = rl["tasks"]
     n = int(rl["eval"]["difficulty_n_tasks"])
-    args = {"difficulty": int(difficulty), "n_train": 8, "n_eval": n, "n_demo": 0, "seed": int(t["seed"])}
-    if t.get("docstrings"):
-        args["docstrings"] = True
-    if t.get("repro"):
-        args["repro"] = True
+    args = {"difficulty": int(difficulty), "n_train": 8, "n_eval": n, "n_demo": 0, "seed": int(t["seed"]),
+            **family_flags(t)}
     h = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:12]
     out = os.path.join(cache_root(config), "tasks", f"toyfix-d{difficulty}-{h}")
     info = dict(build_toyfix(out, n_train=args["n_train"], n_eval=n, n_demo=0, difficulty=int(difficulty),

@@ -27,12 +27,13 @@ def family_args(config: Any) -> dict:
     from c2jax.rl.stage_config import resolve_stage
 
     t = resolve_stage(to_plain(config.get("rl")) or {})["tasks"]
-    args = {k: t[k] for k in ("difficulty", "n_train", "n_eval", "n_demo", "seed")}
-    if t.get("docstrings"):
-        args["docstrings"] = True  # (absent when False: families built before the knob keep their key)
-    if t.get("repro"):
-        args["repro"] = True  # (likewise)
-    return args
+    return {**{k: t[k] for k in ("difficulty", "n_train", "n_eval", "n_demo", "seed")}, **family_flags(t)}
+
+
+def family_flags(tasks: dict) -> dict:
+    """The boolean family knobs that are on ({"docstrings": True, "repro": True} or a part): absent
+    when False, so families built before a knob existed keep their key."""
+    return {k: True for k in ("docstrings", "repro") if tasks.get(k)}
 
 
 def family_key(config: Any) -> dict:

@@ -97,7 +97,7 @@ def _gold_diff_key(pristine: dict[str, str], broken: dict[str, str]) -> str:
 # ---- validation in a sandbox (batched) --------------------------------------------------------------
 
 RUNNER = r'''
-import importlib, importlib.util, json, os, sys
+import contextlib, importlib, importlib.util, io, json, os, runpy, sys
 jobs = json.load(sys.stdin)
 out = {}
 for j in jobs:
@@ -130,7 +130,6 @@ for j in jobs:
                     except BaseException:
                         outcomes[tf + "::" + name] = "failed"
         if os.path.exists(os.path.join(d, "repro.py")):  # the visible reproduction script's output
-            import contextlib, io, runpy
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf):
                 try:

@@ -59,7 +59,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from c2jax.envs.synth.toyfix_programs import OPERATOR_SWAPS, REPRO_OK, REPRO_PATH, run_repro
 
@@ -186,6 +186,11 @@ def locate_pattern(old: str, edit: str) -> str:
     return f" {pat} " if f" {pat} " in old else pat
 
 
+def _locate_grep(pat: str) -> str:
+    """The fixed-string grep for `pat` (`-e` before a pattern that starts with `-`)."""
+    return f"grep -nF {'-e ' if pat.startswith('-') else ''}'{pat}' {MODULE_GLOB}"
+
+
 def operator_lines(source: str) -> list[int]:
     """1-based numbers of the lines `grep -nE OPS_REGEX` lists (Python `re` agrees with GNU ERE here)."""
     return [i + 1 for i, ln in enumerate(source.splitlines()) if re.search(OPS_REGEX, ln)]
@@ -213,7 +218,7 @@ def shell_demo_messages(task: Any, style: str = "shell_lines", prior: Counter | 
     cmds = [_EXPLORE[style], f"sed -i '{n}{edit}' {MODULE_GLOB}", f"sed -n '{n}p' {MODULE_GLOB}"]
     if style in _LOCATE:
         pat = locate_pattern(bug["old"], edit)
-        cmds.insert(1, f"grep -nF {'-e ' if pat.startswith('-') else ''}'{pat}' {MODULE_GLOB}")
+        cmds.insert(1, _locate_grep(pat))
     turns = [Message("assistant", "", [ToolCall(make_call_id("run_terminal_cmd", i), "run_terminal_cmd",
                                                 json.dumps({"command": c}))]) for i, c in enumerate(cmds)]
     return turns + [Message("assistant", f"Fixed line {n}.")]
@@ -263,13 +268,13 @@ RETRY_STYLES = ("shell_retry", "shell_retry_addr")
 MAX_ATTEMPTS = 3  # explore + 3 x (grep, sed + check) + finish = 8 turns (the quickstart's agent.max_turns)
 
 
-class Edit(tuple):
-    """(line number, sed substitution, new line, (old operator, new operator)) of one candidate edit."""
+class Edit(NamedTuple):
+    """One candidate edit: the 1-based line, its sed substitution, the line after it, (old op, new op)."""
 
-    line = property(lambda self: self[0])
-    sed = property(lambda self: self[1])
-    new_line = property(lambda self: self[2])
-    change = property(lambda self: self[3])
+    line: int
+    sed: str
+    new_line: str
+    change: tuple[str, str]
 
 
 def candidate_edits(task: Any) -> list[Edit]:
@@ -286,7 +291,7 @@ def candidate_edits(task: Any) -> list[Edit]:
             for new_op in sorted({OPERATOR_SWAPS.get(op), *(k for k, v in OPERATOR_SWAPS.items() if v == op)} - {None, op}):
                 new = old[:m.start(1)] + new_op + old[m.end(1):]
                 try:
-                    out.append(Edit((n, sed_edit(old, new, quote_free=True), new, (op, new_op))))
+                    out.append(Edit(n, sed_edit(old, new, quote_free=True), new, (op, new_op)))
                 except ValueError:
                     continue
     return out
@@ -328,9 +333,10 @@ def search_attempts(task: Any, prior: Counter, max_attempts: int = MAX_ATTEMPTS)
         return None
     bug = task.provenance["bugs"][0]
     n = _bug_line(task, bug)["line"]
-    for k, e in enumerate(search_order(task, prior)[:max_attempts]):
+    order = search_order(task, prior)[:max_attempts]
+    for k, e in enumerate(order):
         if _repro_after(task, e.line, e.new_line) == REPRO_OK:
-            return search_order(task, prior)[:k + 1] if (e.line, e.new_line) == (n, bug["new"]) else None
+            return order[:k + 1] if (e.line, e.new_line) == (n, bug["new"]) else None
     return None
 
 
@@ -343,8 +349,7 @@ def _attempt(n: int, edit: str, old_line: str, lines: Sequence[str] | None = Non
     addr = str(n)
     if lines is not None and sum(pat in ln for ln in lines) == 1:
         addr = f"/{_escape_pattern(pat)}/"
-    return [f"grep -nF {'-e ' if pat.startswith('-') else ''}'{pat}' {MODULE_GLOB}",
-            f"sed -i '{addr}{edit}' {MODULE_GLOB} && {CHECK}"]
+    return [_locate_grep(pat), f"sed -i '{addr}{edit}' {MODULE_GLOB} && {CHECK}"]
 
 
 def retry_demo_messages(task: Any, prior: Counter | None = None, by_address: bool = False) -> list:
