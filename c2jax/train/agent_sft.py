@@ -62,7 +62,14 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     # seq_len: the same loss on fewer padding positions (1024-token rows hold one ~530-token
     # shell_locate demonstration each, 52% of their positions; rows of 576 hold it at 92%)
     fit_rows=False,
+    # How the demonstrations are weighted in SFT: "none" (as the split gives them: on toyfix the most
+    # common fix, `+` -> `*`, is ~45% of them and `!=` -> `==` ~2%) or "kind" (each kind of fix, the
+    # task's (old, new) operator, equally often: the rare kinds' demonstrations repeated until every
+    # kind has as many as the most common one), so the cold start gives every kind some probability,
+    # which is what RL needs to lift best-of-k on it (docs/rl_experiments.md)
+    balance="none",
 )
+BALANCE_MODES = ("none", "kind")
 
 
 def resolve(section: Any) -> dict:
@@ -92,6 +99,7 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     check.choice(c, "split", ("demo", "train"))
     check.choice(c, "synth_code_drill_words", ("train", "all"))
     check.choice(c, "demo_style", ("read_replace",) + toyfix_shell_demos.STYLES)
+    check.choice(c, "balance", BALANCE_MODES)
     if not isinstance(c["fit_rows"], bool):
         check.error("fit_rows", f"must be True or False, got {c['fit_rows']!r}")
     check.float_range(c, "synth_code_drill_share", 0.0, 1.0)
@@ -160,6 +168,34 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
     with atomic_path(path) as tmp:
         save_jsonl(trajs, tmp)
     return trajs
+
+
+def demo_kind(task: Any) -> str:
+    """The kind of fix a demonstration's task needs: toyfix's (old, new) operator where one operator
+    swap is the fix (`toyfix_shell_demos.gold_change`), else the task's subcategory."""
+    from c2jax.envs.synth import toyfix_shell_demos
+
+    try:
+        change = toyfix_shell_demos.gold_change(task)
+    except (KeyError, IndexError, TypeError, ValueError):  # not a one-module toyfix task
+        change = None
+    return f"{change[0]} -> {change[1]}" if change else f"other:{task.subcategory}"
+
+
+def balance_by_kind(trajs: list, kind_of: dict[str, str], seed: int) -> tuple[list, dict[str, int]]:
+    """Every kind (`kind_of[traj.task_id]`) as often as the most common one: each kind's demonstrations
+    in a seeded order, cycled until it has that many (the common kind's are kept once each). Returns
+    (trajectories, {kind: distinct demonstrations}); the order is by kind, SFT shuffles the rows."""
+    by: dict[str, list] = {}
+    for t in trajs:
+        by.setdefault(kind_of[t.task_id], []).append(t)
+    target = max(len(v) for v in by.values())
+    rng = np.random.default_rng(seed)
+    out: list = []
+    for kind in sorted(by):
+        group = [by[kind][i] for i in rng.permutation(len(by[kind]))]
+        out += [group[i % len(group)] for i in range(target)]
+    return out, {k: len(v) for k, v in sorted(by.items())}
 
 
 def warmup_on_synth_code(params: Any, cfg: Any, tokenizer: Any, c: dict, seed: int, out_dir: str) -> tuple[Any, dict]:
@@ -286,12 +322,20 @@ def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     if not trajs:
         raise ConfigError([("agent_sft", "no demonstration succeeded (see the log)")])
     build_s = time.time() - t0
+    kinds: dict[str, int] = {}
+    if c["balance"] == "kind":
+        from c2jax.train.rl_family import load_split
+
+        kind_of = {t.instance_id: demo_kind(t) for t in load_split(fam, c["split"])}
+        trajs, kinds = balance_by_kind(trajs, kind_of, int(config.get("seed", 0)))
     warm: dict = {}
     if int(c["synth_code_steps"]) > 0:
         params, warm = warmup_on_synth_code(params, cfg, tokenizer, c, int(config.get("seed", 0)), out_dir)
     params, summary = train_on_demos(params, cfg, trajs, c, int(config.get("seed", 0)), out_dir, int(c["steps"]))
     summary.update(warm)
     summary["demo_build_s"] = build_s
+    if kinds:
+        summary["balance"] = {"kinds": kinds, "per_kind": len(trajs) // len(kinds)}
     ckpt.save(int(c["steps"]), {"params": params})
     ckpt.close()
     save_serving_checkpoint(os.path.join(out_dir, "policy"), params, cfg, tokenizer)

@@ -184,7 +184,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
                             clip_norm=1.0, max_demos=6 if smoke else 4096, split="demo", log_every=1 if smoke else 10,
                             synth_code_steps=3 if smoke else 0, synth_code_batch=16, synth_code_seq_len=256,
                             synth_code_lr=3e-3, synth_code_drill_words="train", synth_code_drill_share=0.5,
-                            demo_style="shell_locate", fit_rows=True)
+                            demo_style="shell_locate", fit_rows=True, balance="none")
     config.agent = agent_config_dict(system_prompt=SYSTEM, max_turns=6, max_policy_tokens=768, max_new_tokens=160,
                                      max_context_tokens=1024, max_wall_s=120.0, summary_trigger_tokens=None,
                                      tools={"enabled": TOYFIX_TOOLS, "strict": False, "compact_declarations": True, "cmd_timeout_s": 20.0,
