@@ -276,13 +276,17 @@ def load_experiment_config(spec: str) -> Any:
 
 
 def load_agent_config(spec: str | None):
-    """`HarnessConfig` from ``experiments/configs/NAME.py[:preset]``'s ``config.agent`` (default
-    HarnessConfig when `spec` is None or the config has no agent section)."""
+    """`HarnessConfig` from ``experiments/configs/NAME.py[:preset]``'s ``config.agent``, or from a
+    JSON file holding that section (an RL run's ``rl/agent.json``: its overrides included); default
+    HarnessConfig when `spec` is None or the config has no agent section."""
     from c2jax.agent.config import harness_config_from
     from c2jax.agent.harness import HarnessConfig
 
     if not spec:
         return HarnessConfig()
+    if spec.endswith(".json"):
+        with open(spec, encoding="utf-8") as f:
+            return harness_config_from(json.load(f))
     config = load_experiment_config(spec)
     section = config.get("agent") if hasattr(config, "get") else getattr(config, "agent", None)
     return harness_config_from(section) if section is not None else HarnessConfig()

@@ -95,10 +95,20 @@ def save_policy(path: str, params: Any, cfg: Any, tokenizer: Any) -> str:
     return path
 
 
-def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str) -> str:
-    """The `python -m c2jax.bench run` command that reproduces an in-stage evaluation exactly."""
+def write_agent_config(config: Any, out_dir: str) -> str:
+    """Write the run's resolved ``config.agent`` (command-line overrides included) to
+    out_dir/agent.json, the harness the evaluation command must use; returns its path."""
+    path = os.path.join(out_dir, "agent.json")
+    atomic_write_json(path, to_plain(config.get("agent")) or {}, indent=2, sort_keys=True)
+    return path
+
+
+def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str, agent_config: str | None = None) -> str:
+    """The `python -m c2jax.bench run` command that reproduces an in-stage evaluation exactly.
+    agent_config: the run's `write_agent_config` file; without it the config file the run was started
+    with, which misses any ``--config.agent.*`` override (e.g. a larger max_turns)."""
     ev = rl["eval"]
-    spec = os.environ.get("C2JAX_CONFIG_SPEC") or "experiments/configs/rl_quickstart.py"
+    spec = agent_config or os.environ.get("C2JAX_CONFIG_SPEC") or "experiments/configs/rl_quickstart.py"
     return (f"python -m c2jax.bench run --suite {suite_dir} --split eval --limit {ev['n_tasks']} --policy engine "
             f"--checkpoint {ckpt} --k {ev['k']} --temperature {ev['temperature']} --seed {seed} "
             f"--max-in-flight {ev['max_in_flight']} --max-len {rl['max_len']} --agent-config {spec} --out {out}")
@@ -234,9 +244,10 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
 
         # What never reading earns: the most common training fix replayed on the held-out tasks.
         summary["blind_edit_baseline"] = blind_edit_baseline(train_tasks, eval_tasks)
-        summary["eval_command"] = eval_command(fam["dir"], "CHECKPOINT", rl, seed, "OUT")
+        agent_json = write_agent_config(config, out_dir)
+        summary["eval_command"] = eval_command(fam["dir"], "CHECKPOINT", rl, seed, "OUT", agent_json)
         summary["eval_commands"] = {t: eval_command(fam["dir"], os.path.join(out_dir, f"policy_{p}"), rl, seed,
-                                                    os.path.join(out_dir, f"bench_{t}"))
+                                                    os.path.join(out_dir, f"bench_{t}"), agent_json)
                                     for t, p in (("before", "init"), ("after", "final"))}
         summary["eval_checkpoints"] = {"before": os.path.join(out_dir, "policy_init"),
                                        "after": os.path.join(out_dir, "policy_final")}

@@ -78,7 +78,7 @@ def validate_sft_matched(check: Checker, section: Any, full: Any) -> None:
 
 def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.train.agent_sft import demo_trajectories, resolve, train_on_demos
-    from c2jax.train.rl import eval_command, evaluate, initial_params, save_policy, stage_setup
+    from c2jax.train.rl import eval_command, evaluate, initial_params, save_policy, stage_setup, write_agent_config
     from c2jax.train.rl_family import ensure_family, load_split
 
     c = dict(SFT_MATCHED_DEFAULTS, **dict(to_plain(config.get("sft_matched")) or {}))
@@ -107,7 +107,8 @@ def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
                "demonstrated_tasks": len({t.task_id for t in trajs}), "max_wall_s": float(c["max_wall_s"]),
                "pass_at_1_after": res.get("pass@1"), f"pass_at_{k}_after": res.get(f"pass@{k}"),
                "pass_at_1_after_ci": res.get("pass@1_ci95"), "masked_rate_after": res.get("masked_rate"),
-               "eval_command": eval_command(fam["dir"], os.path.join(out_dir, "policy_final"), rl, seed, "OUT")}
+               "eval_command": eval_command(fam["dir"], os.path.join(out_dir, "policy_final"), rl, seed, "OUT",
+                                             write_agent_config(config, out_dir))}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
     return prev, summary

@@ -1,0 +1,36 @@
+"""The RL stage's printed evaluation command uses the run's own harness settings.
+
+A run started with ``--config.agent.max_turns=8`` evaluates with 8 turns; a command naming only the
+config file would rebuild the harness with the file's 6 (the positive control below), so the stage
+writes the resolved agent section to ``agent.json`` and the command passes that file to
+``python -m c2jax.bench run --agent-config``."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+
+from c2jax.bench.agent_eval import load_agent_config
+from c2jax.train.rl import eval_command, write_agent_config
+
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs", "rl_quickstart.py")
+
+
+def _config(preset: str = "smoke"):
+    spec = importlib.util.spec_from_file_location("rl_quickstart", CONFIG)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m.get_config(preset)
+
+
+def test_eval_command_carries_an_agent_override(tmp_path):
+    cfg = _config()
+    assert cfg.agent.max_turns == 6
+    cfg.agent.max_turns = 8  # as --config.agent.max_turns=8 does
+    path = write_agent_config(cfg, str(tmp_path))
+    cmd = shlex.split(eval_command("SUITE", "CKPT", cfg.rl, 0, "OUT", path))
+    spec = cmd[cmd.index("--agent-config") + 1]
+    assert spec == path and load_agent_config(spec).max_turns == 8
+    assert load_agent_config(spec).tools == load_agent_config(CONFIG + ":smoke").tools
+    # positive control: the config file alone gives the file's value, not the run's
+    assert load_agent_config(CONFIG + ":smoke").max_turns == 6
