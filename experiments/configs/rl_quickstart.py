@@ -43,6 +43,11 @@ Presets (after ':'):
                   training fix first, <= 3 attempts; `agent_sft.demo_style=shell_retry`, 8 turns, 400 SFT
                   steps). Measured: RL does not lift it, nor the variant whose seds address the line by
                   the grepped string (--config.agent_sft.demo_style=shell_retry_addr; docs/rl_experiments.md)
+    balanced      the copy-free search (`shell_retry_addr`: each sed addresses its line by the grepped
+                  string) on repro.py tasks, its demonstrations balanced over the kinds of fix
+                  (agent_sft.balance="kind"), 300 SFT steps, 8 turns, neither the length penalty nor the
+                  unlikeliness reward. Measured: the largest pass@1 lift so far, the rare kinds kept, best-of-8
+                  flat (docs/rl_experiments.md, "every kind of fix in the cold start")
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
@@ -56,7 +61,7 @@ from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
 PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
-           "best_of_2", "top_entropy", "unlikely", "retry", "sft_matched")
+           "best_of_2", "top_entropy", "unlikely", "retry", "balanced", "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -227,6 +232,19 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.agent_sft.demo_style = "shell_retry"
         config.agent_sft.steps = 400
         config.agent.max_turns = 8
+    elif arg == "balanced":
+        # The copy-free search with every kind of fix equally often in the cold start's data: the 200-step
+        # cold start without balancing solved no held-out task of the four rarest kinds, so RL had nothing
+        # to lift there; length and unlikeliness terms off (the first teaches a searching policy to stop
+        # after one failed check; the second pushes solved groups towards their least likely, longest
+        # searches). docs/rl_experiments.md, "every kind of fix in the cold start"
+        config.rl.tasks.repro = True
+        config.agent_sft.demo_style = "shell_retry_addr"
+        config.agent_sft.balance = "kind"
+        config.agent_sft.steps = 300
+        config.agent.max_turns = 8
+        config.rl.rewards.length.weight = 0.0
+        config.rl.rewards.unlikeliness.weight = 0.0
     elif arg == "sft_matched":
         # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
         # over scripted demonstrations of the same train tasks; evaluated like the RL stage.
