@@ -34,3 +34,17 @@ def test_eval_command_carries_an_agent_override(tmp_path):
     assert load_agent_config(spec).tools == load_agent_config(CONFIG + ":smoke").tools
     # positive control: the config file alone gives the file's value, not the run's
     assert load_agent_config(CONFIG + ":smoke").max_turns == 6
+
+
+def test_every_rl_quickstart_preset_validates():
+    """Each preset of the config file builds and passes validation before any compute (a preset that
+    wrote a key the validators do not know would fail here, not minutes into a run)."""
+    from c2jax.config import validate
+
+    spec = importlib.util.spec_from_file_location("rl_quickstart", CONFIG)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    for preset in m.PRESETS:
+        validate(m.get_config("" if preset == "default" else preset), warn=False)
+    assert m.get_config("kind_balanced").agent_sft.balance == "kind"
+    assert m.get_config("").agent_sft.balance == "none"
