@@ -37,16 +37,6 @@ def maybe_initialize_distributed() -> None:
     )
 
 
-def config_spec(argv: list[str]) -> str:
-    """The ``--config`` value as given (FILE[:preset]), for commands a stage writes into its summary."""
-    for i, a in enumerate(argv):
-        if a.startswith("--config="):
-            return a.split("=", 1)[1]
-        if a == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-    return ""
-
-
 def main(argv: list[str]) -> int:
     del argv
     from c2jax.config import ConfigError, validate
@@ -64,7 +54,6 @@ def main(argv: list[str]) -> int:
     name = os.path.splitext(os.path.basename(str(cfg_path).split(":")[0]))[0]
     workdir = _WORKDIR.value or os.path.join("runs", name)
     maybe_initialize_distributed()
-    os.environ["C2JAX_CONFIG_SPEC"] = config_spec(sys.argv)  # stages that print commands quote it
     from c2jax.train.stages import run_stages
 
     try:

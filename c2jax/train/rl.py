@@ -103,15 +103,14 @@ def write_agent_config(config: Any, out_dir: str) -> str:
     return path
 
 
-def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str, agent_config: str | None = None) -> str:
+def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str, agent_config: str) -> str:
     """The `python -m c2jax.bench run` command that reproduces an in-stage evaluation exactly.
-    agent_config: the run's `write_agent_config` file; without it the config file the run was started
-    with, which misses any ``--config.agent.*`` override (e.g. a larger max_turns)."""
+    agent_config: the run's `write_agent_config` file (the config file the run was started with would
+    miss any ``--config.agent.*`` override, e.g. a larger max_turns)."""
     ev = rl["eval"]
-    spec = agent_config or os.environ.get("C2JAX_CONFIG_SPEC") or "experiments/configs/rl_quickstart.py"
     return (f"python -m c2jax.bench run --suite {suite_dir} --split eval --limit {ev['n_tasks']} --policy engine "
             f"--checkpoint {ckpt} --k {ev['k']} --temperature {ev['temperature']} --seed {seed} "
-            f"--max-in-flight {ev['max_in_flight']} --max-len {rl['max_len']} --agent-config {spec} --out {out}")
+            f"--max-in-flight {ev['max_in_flight']} --max-len {rl['max_len']} --agent-config {agent_config} --out {out}")
 
 
 def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
