@@ -55,7 +55,9 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     # quote, so string-repeat fixes like `s + '#' + 3` -> `s + '#' * 3` are demonstrated) or "shell_retry"
     # (a scripted search that knows no fix: shell_locate_qf attempts in the order of the fixes most
     # frequent on the split's tasks, each sed followed by the task's repro.py, a failed attempt undone by
-    # restoring the workspace, at most 3 attempts); the shell styles are c2jax.envs.synth.toyfix_shell_demos,
+    # restoring the workspace, at most 3 attempts) or "shell_locate_nth" (shell_locate whose edit of a
+    # string repeat substitutes the operator's Nth occurrence, `s/+/*/2`: no quote, no constant to copy);
+    # the shell styles are c2jax.envs.synth.toyfix_shell_demos,
     # difficulties 0-1 only.
     demo_style="read_replace",
     # True: rows as long as the demonstrations need (c2jax.batching.fit_row_length, <= seq_len), not
@@ -170,16 +172,28 @@ def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_de
     return trajs
 
 
-def demo_kind(task: Any) -> str:
+def demo_kind(task: Any, style: str | None = None) -> str:
     """The kind of fix a demonstration's task needs: toyfix's (old, new) operator where one operator
-    swap is the fix (`toyfix_shell_demos.gold_change`), else the task's subcategory."""
+    swap is the fix (`toyfix_shell_demos.gold_change`), else the task's subcategory. For a style whose
+    edit can carry sed's occurrence flag (`shell_locate_nth`), a fix of the operator's Nth occurrence
+    (`s/+/*/2`, the string repeats) is a kind of its own: a different command to learn."""
     from c2jax.envs.synth import toyfix_shell_demos
 
     try:
         change = toyfix_shell_demos.gold_change(task)
     except (KeyError, IndexError, TypeError, ValueError):  # not a one-module toyfix task
         change = None
-    return f"{change[0]} -> {change[1]}" if change else f"other:{task.subcategory}"
+    if not change:
+        return f"other:{task.subcategory}"
+    kind = f"{change[0]} -> {change[1]}"
+    if style in toyfix_shell_demos.NTH_STYLES:
+        bug = task.provenance["bugs"][0]
+        try:
+            n = toyfix_shell_demos.sed_edit(bug["old"], bug["new"], nth=True).rsplit("/", 1)[1]
+        except ValueError:  # (no demonstrable edit: the task has no demonstration to weigh)
+            n = ""
+        kind += f" #{n}" if n else ""
+    return kind
 
 
 def balance_by_kind(trajs: list, kind_of: dict[str, str], seed: int) -> tuple[list, dict[str, int]]:
@@ -326,7 +340,7 @@ def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     if c["balance"] == "kind":
         from c2jax.train.rl_family import load_split
 
-        kind_of = {t.instance_id: demo_kind(t) for t in load_split(fam, c["split"])}
+        kind_of = {t.instance_id: demo_kind(t, c["demo_style"]) for t in load_split(fam, c["split"])}
         trajs, kinds = balance_by_kind(trajs, kind_of, int(config.get("seed", 0)))
     warm: dict = {}
     if int(c["synth_code_steps"]) > 0:

@@ -52,6 +52,8 @@ Presets (after ':'):
     kind_balanced the default with its demonstrations balanced over the kinds of fix (agent_sft.balance="kind"):
                   the SFT policy covers every kind (lower pass@1, higher best-of-8) and RL lifts pass@1
                   without trading tasks (docs/rl_experiments.md, "the same balance on the default family")
+    nth_balanced  kind_balanced with the string repeats demonstrated (agent_sft.demo_style="shell_locate_nth":
+                  `s/+/*/2`, the operator's 2nd occurrence, no quote and no constant to copy)
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
@@ -65,7 +67,7 @@ from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
 PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
-           "best_of_2", "top_entropy", "unlikely", "retry", "balanced", "kind_balanced", "sft_matched")
+           "best_of_2", "top_entropy", "unlikely", "retry", "balanced", "kind_balanced", "nth_balanced", "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -251,6 +253,12 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.rewards.unlikeliness.weight = 0.0
     elif arg == "kind_balanced":
         config.agent_sft.balance = "kind"
+    elif arg == "nth_balanced":
+        # kind_balanced whose demonstrations also cover the string repeats (`s + 'c' + k` -> `s + 'c' * k`,
+        # ~7% of held-out tasks, never solved by the shell_locate cold start): their sed substitutes the
+        # operator's 2nd occurrence (`s/+/*/2`), a kind of its own in the balance
+        config.agent_sft.balance = "kind"
+        config.agent_sft.demo_style = "shell_locate_nth"
     elif arg == "sft_matched":
         # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
         # over scripted demonstrations of the same train tasks; evaluated like the RL stage.

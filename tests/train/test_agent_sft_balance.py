@@ -70,3 +70,15 @@ def test_bad_balance_fails_validation_naming_the_choices():
     with pytest.raises(ConfigError) as e:
         validate(cfg, warn=False)
     assert "agent_sft.balance" in str(e.value) and "'kind'" in str(e.value)
+
+
+def test_nth_style_makes_the_string_repeat_fix_a_kind_of_its_own():
+    """With `shell_locate_nth` a fix of the operator's second occurrence (`s/+/*/2`) is its own kind;
+    with the other styles it stays in its operator swap's kind (the measured balances unchanged)."""
+    tasks = _tasks(200)
+    plain = Counter(demo_kind(t) for t in tasks)
+    nth = Counter(demo_kind(t, "shell_locate_nth") for t in tasks)
+    repeats = [k for k in nth if k.endswith(" #2")]
+    assert repeats == ["+ -> * #2"] and nth["+ -> * #2"] >= 3
+    assert nth["+ -> *"] + nth["+ -> * #2"] == plain["+ -> *"]
+    assert Counter(demo_kind(t, "shell_locate") for t in tasks) == plain

@@ -33,6 +33,12 @@ Three styles differ in the explore / locate steps only:
   span widens rightward instead (`s/+ 3/* 3/`), so those tasks get demonstrations too;
   `shell_locate` skips them.
 
+- `shell_locate_nth` is `shell_locate` whose edit, where the leftward span needs a quote, substitutes
+  the changed span's Nth occurrence on the line (sed's numeric flag) instead of widening it:
+  `s + '#' + 3` -> `s + '#' * 3` is `s/+/*/2`, with no quote and no constant to copy (`shell_locate_qf`'s
+  `s/+ 3/* 3/` copies the held-out constant `3`, a copy the tiny model does not make on unseen constants).
+  Every other edit is `shell_locate`'s.
+
 - `shell_retry` (tasks built with `repro=True`) is a search that knows no fix: the explore step also
   saves the workspace, each attempt is `shell_locate_qf`'s grep and sed with the task's repro.py run
   in the same call, and a failed check restores the workspace before the next attempt; edits are tried
@@ -67,11 +73,14 @@ MODULE_GLOB = "*/[!_]*.py"  # the package's only module at difficulties 0-1 (not
 # A binary operator between spaces: arithmetic, comparison, augmented assignment (not `=` alone, not a
 # unary minus). GNU grep extended syntax, single-quoted in the command.
 OPS_REGEX = " ([-+*/%<>]|//|[-+*/<>=!]=) "
-STYLES = ("shell_lines", "shell_ops", "shell_locate", "shell_locate_qf", "shell_retry", "shell_retry_addr")
+STYLES = ("shell_lines", "shell_ops", "shell_locate", "shell_locate_qf", "shell_locate_nth", "shell_retry",
+          "shell_retry_addr")
 _EXPLORE = {"shell_lines": f"grep -n . {MODULE_GLOB}", "shell_ops": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}",
             "shell_locate": f"grep -nE '{OPS_REGEX}' {MODULE_GLOB}"}
-_EXPLORE["shell_locate_qf"] = _EXPLORE["shell_locate"]
-_LOCATE = ("shell_locate", "shell_locate_qf", "shell_retry", "shell_retry_addr")  # the styles with the fixed-string operator grep
+_EXPLORE["shell_locate_qf"] = _EXPLORE["shell_locate_nth"] = _EXPLORE["shell_locate"]
+_LOCATE = ("shell_locate", "shell_locate_qf", "shell_locate_nth", "shell_retry",
+           "shell_retry_addr")  # the styles with the fixed-string operator grep
+NTH_STYLES = _NTH = ("shell_locate_nth",)  # substitute the span's Nth occurrence where the leftward span needs a quote
 _QUOTE_FREE = ("shell_locate_qf", "shell_retry", "shell_retry_addr")  # widen the sed span rightward where the leftward one needs a quote
 _BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
 _REPL_SPECIAL = re.compile(r"([\\&/])")
@@ -95,21 +104,43 @@ def _widen(line: str, lo: int, hi: int) -> tuple[int, int]:
     return lo, hi
 
 
-def sed_edit(old: str, new: str, quote_free: bool = False) -> str:
+def _nth_occurrence(line: str, pat: str, at: int) -> int | None:
+    """1-based N such that the Nth of `pat`'s non-overlapping left-to-right matches in `line` (the ones
+    sed's `s/PAT/REP/N` counts) starts at `at`; None if no match starts there."""
+    n, i = 0, line.find(pat)
+    while i != -1 and i <= at:
+        n += 1
+        if i == at:
+            return n
+        i = line.find(pat, i + len(pat))
+    return None
+
+
+def sed_edit(old: str, new: str, quote_free: bool = False, nth: bool = False) -> str:
     """The sed substitution `s/PAT/REP/` turning line `old` into `new` with the smallest whole-word
     span whose first occurrence in `old` is the changed one, widened leftward. Raises ValueError if
     old == new, or if the span needs a single quote (it goes inside a single-quoted shell argument).
 
     ``quote_free=True``: where the leftward span needs a quote, widen rightward instead (whole words)
     until the first occurrence is the changed one: `s + '#' + 3` -> `s + '#' * 3` gives
-    `s/+ 3/* 3/`, where leftward widening needs `'#' +`. Spans that need no quote are unchanged."""
+    `s/+ 3/* 3/`, where leftward widening needs `'#' +`. Spans that need no quote are unchanged.
+
+    ``nth=True``: where the leftward span needs a quote, the smallest whole-word span with sed's
+    occurrence flag instead: `s + '#' + 3` -> `s + '#' * 3` gives `s/+/*/2` (no quote, no constant).
+    Spans that need no quote are unchanged."""
     try:
         return _sed_edit_left(old, new)
     except ValueError as e:
-        if not quote_free or old == new:
+        if not (quote_free or nth) or old == new:
             raise
         left_error = e
     lo, ho, hn = _word_span(old, new)
+    if nth:
+        pat, rep = old[lo:ho], new[lo:hn]
+        n = _nth_occurrence(old, pat, lo) if pat else None
+        if n is None or "'" in pat or "'" in rep:
+            raise left_error
+        return f"s/{_escape_pattern(pat)}/{_escape_replacement(rep)}/{n if n > 1 else ''}"
     while True:
         pat, rep = old[lo:ho], new[lo:hn]
         if pat and old.find(pat) == lo and "'" not in pat and "'" not in rep:
@@ -170,7 +201,7 @@ def applies(task: Any, style: str = "shell_lines") -> bool:
     if style in RETRY_STYLES and REPRO_PATH not in repo:
         return False
     try:
-        sed_edit(bugs[0]["old"], bugs[0]["new"], quote_free=style in _QUOTE_FREE)
+        sed_edit(bugs[0]["old"], bugs[0]["new"], quote_free=style in _QUOTE_FREE, nth=style in _NTH)
     except ValueError:
         return False
     return True
@@ -179,7 +210,7 @@ def applies(task: Any, style: str = "shell_lines") -> bool:
 def locate_pattern(old: str, edit: str) -> str:
     """The fixed string `shell_locate` greps for: the sed pattern of `edit` (unescaped), with the spaces
     around it where the line has them (` - ` lists the lines holding that operator, not `->` or `-1`)."""
-    m = re.fullmatch(r"s/((?:\\.|[^/\\])*)/((?:\\.|[^/\\])*)/", edit)
+    m = re.fullmatch(r"s/((?:\\.|[^/\\])*)/((?:\\.|[^/\\])*)/\d*", edit)
     if m is None:
         raise ValueError(f"not a sed_edit substitution: {edit!r}")
     pat = re.sub(r"\\(.)", r"\1", m.group(1))
@@ -214,7 +245,7 @@ def shell_demo_messages(task: Any, style: str = "shell_lines", prior: Counter | 
                          f"{' on a line with a binary operator' if style == 'shell_ops' else ''}: {task.instance_id}")
     bug = task.provenance["bugs"][0]
     n = _bug_line(task, bug)["line"]
-    edit = sed_edit(bug["old"], bug["new"], quote_free=style in _QUOTE_FREE)
+    edit = sed_edit(bug["old"], bug["new"], quote_free=style in _QUOTE_FREE, nth=style in _NTH)
     cmds = [_EXPLORE[style], f"sed -i '{n}{edit}' {MODULE_GLOB}", f"sed -n '{n}p' {MODULE_GLOB}"]
     if style in _LOCATE:
         pat = locate_pattern(bug["old"], edit)
@@ -233,12 +264,16 @@ def edit_key(task: Any) -> tuple[int, str] | None:
 
 
 def _apply_sed(line: str, sub: str) -> str:
-    """`line` after the literal substitution `s/PAT/REP/` of `sed_edit` (first match only)."""
-    m = re.fullmatch(r"s/((?:\\.|[^/\\])*)/((?:\\.|[^/\\])*)/", sub)
+    """`line` after the literal substitution `s/PAT/REP/N` of `sed_edit` (the Nth match, the first
+    without N)."""
+    m = re.fullmatch(r"s/((?:\\.|[^/\\])*)/((?:\\.|[^/\\])*)/(\d*)", sub)
     if m is None:
         raise ValueError(f"not a sed_edit substitution: {sub!r}")
-    pat, rep = (re.sub(r"\\(.)", r"\1", g) for g in m.groups())
-    return line.replace(pat, rep, 1)
+    pat, rep = (re.sub(r"\\(.)", r"\1", g) for g in m.groups()[:2])
+    i = line.find(pat)
+    for _ in range(int(m.group(3) or 1) - 1):  # sed's occurrence flag: the Nth non-overlapping match
+        i = line.find(pat, i + len(pat)) if i != -1 else -1
+    return line if i == -1 else line[:i] + rep + line[i + len(pat):]
 
 
 def blind_edit_baseline(train: Sequence[Any], held_out: Sequence[Any]) -> dict:

@@ -318,3 +318,58 @@ def test_shell_retry_addr_seds_address_the_line_by_the_grepped_string_with_real_
             want[e.line - 1] = e.new_line
             assert f.read_text().splitlines() == want, (sed, src)
     assert by_addr > 5 * by_number > 0, (by_addr, by_number)
+
+
+@pytest.mark.parametrize("old,new,want", [
+    ("    return s + '#' + 3", "    return s + '#' * 3", "s/+/*/2"),
+    ("    return word + '*' + 7", "    return word + '*' * 7", "s/+/*/2"),
+    ("    return a + '+' + b + 'c' + 2", "    return a + '+' + b + 'c' * 2", "s/+/*/5"),  # the '+' inside the quotes counts too
+])
+def test_nth_edits_substitute_the_changed_occurrence_without_quote_or_constant(tmp_path, old, new, want):
+    """`nth=True`: where the leftward span needs a quote, the edit is the changed span with sed's
+    occurrence flag; GNU sed and `_apply_sed` both turn the line into the gold one."""
+    from c2jax.envs.synth.toyfix_shell_demos import _apply_sed
+
+    with pytest.raises(ValueError):
+        sed_edit(old, new)  # the shell_locate span (`'#' +`) needs a quote
+    e = sed_edit(old, new, nth=True)
+    assert e == want
+    assert _real_sed(tmp_path, old, e) == new == _apply_sed(old, e)
+
+
+def test_nth_leaves_quote_free_spans_alone_and_still_refuses_quoted_changes():
+    for old, new in (("    return x - y", "    return x + y"), ("    return n * 3 + 3", "    return n * 3 + 4"),
+                     ("        acc //= 2", "        acc *= 2")):
+        assert sed_edit(old, new, nth=True) == sed_edit(old, new)
+    with pytest.raises(ValueError):  # the change itself is inside the quotes
+        sed_edit("    return a + '#' * 3", "    return a + '~' * 3", nth=True)
+
+
+def test_shell_locate_nth_demonstrates_string_repeats_without_copying_a_constant(tmp_path):
+    """On generated difficulty-0 demo tasks, `shell_locate_nth` demonstrates a superset of
+    `shell_locate`'s tasks with the same commands where both apply; each extra demonstration (a string
+    repeat) edits with an occurrence flag and no digit from the code, and restores the pristine module
+    with the real grep and sed (positive control: the same sed without its flag changes the first `+`,
+    which is not the fix)."""
+    if shutil.which("grep") is None:
+        pytest.skip("needs GNU grep")
+    import re
+
+    extra = 0
+    for c, task, root in _d0_workspaces(tmp_path, "shell_locate_nth", n_seeds=400):
+        msgs = shell_demo_messages(task, style="shell_locate_nth")
+        cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in msgs[:4]]
+        if applies(task, "shell_locate"):
+            assert [json.loads(m.tool_calls[0].arguments)["command"]
+                    for m in shell_demo_messages(task, style="shell_locate")[:4]] == cmds
+            continue
+        extra += 1
+        line, sub = re.fullmatch(r"sed -i '(\d+)(s/.*/\d+)' .*", cmds[2]).groups()
+        assert not re.search(r"\d", sub.rsplit("/", 1)[0])  # no constant in the substitution
+        out = subprocess.run(cmds[1], shell=True, cwd=root, capture_output=True, text=True, check=True).stdout
+        assert int(line) in [int(ln.split(":", 1)[0]) for ln in out.splitlines()]
+        bug = c.bugs[0]
+        assert _real_sed(tmp_path, bug["old"], sub.rsplit("/", 1)[0] + "/") != bug["new"]  # the flag matters
+        subprocess.run(cmds[2], shell=True, cwd=root, check=True)
+        assert {p: (root / p).read_text() for p in c.pristine} == c.pristine
+    assert extra >= 3  # string repeats are ~5% of d0 tasks
