@@ -211,6 +211,10 @@ def pad_batch(
         traj_valid=valid, infra_failed=infra, truncated=truncated, group_index=group_index, policy_tokens=policy_tokens,
         num_segments=num_segments, reward_terms=reward_terms, effort=effort, tool_stats=tool_stats,
     )
+    if any("group_weight" in t.metadata for t in trajs):  # rl.task_weights: the task's weight in the update
+        gw = np.ones((n,), np.float32)
+        gw[: len(trajs)] = [float(t.metadata.get("group_weight", 1.0)) for t in trajs]
+        batch["group_weight"] = gw
     if raw is not None:
         batch["raw_logp"] = raw
     if routes is not None:

@@ -168,6 +168,9 @@ def make_rl_loss(cfg: Any = None, *, row_capacity: int | None = None) -> Callabl
             rewards = rewards - pen
             metrics["kl/reward_penalty"] = jnp.sum(pen * valid) / jnp.maximum(valid.sum(), 1.0)
         adv, am = adv_fn(rewards, batch["group_index"], valid, **adv_cfg)  # [N]
+        if "group_weight" in batch:  # rl.task_weights: each group's advantages times its task's weight
+            adv = adv * batch["group_weight"]  # [N]
+            am["adv/group_weight_mean"] = jnp.sum(batch["group_weight"] * valid) / jnp.maximum(valid.sum(), 1.0)
         metrics.update(am)
         usable = valid * jnp.isfinite(rewards)
         mask = batch["loss_mask"] * _gather(usable, ti)  # [B, L]

@@ -53,6 +53,11 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     # Single-epoch task stream; after `upsample_after_step`, tasks are drawn with weights from the
     # heuristics of their (earlier) rollouts: mean turns and thinking tokens (report 3.2).
     curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
+    # Each task's weight in the update (its group's advantages times it): "none" (1), or "kind" (the
+    # stream's tasks grouped by the kind of fix, c2jax.train.agent_sft.demo_kind; weight proportional to
+    # count(kind) ** -power, normalised to mean 1 over the stream: power 1 gives every kind the same total
+    # weight, so the common fix's groups do not outvote the rare ones)
+    task_weights=dict(by="none", power=1.0),
     # The learnable task family (c2jax.envs.synth.toyfix) built for the stage (cached).
     tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=64, n_demo=256, seed=0, docstrings=False,
                repro=False),
@@ -222,6 +227,11 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any], full: Any = None) -> N
                 check.error(f"curriculum.weights.{k}", "unknown heuristic; known: ['thinking_tokens', 'turns']")
             else:
                 _float(check, f"curriculum.weights.{k}", v, 0.0)
+    tw = dict(c["task_weights"])
+    _sub(check, "task_weights", tw, d["task_weights"])
+    if tw.get("by") not in ("none", "kind"):
+        check.error("task_weights.by", f"must be one of ['none', 'kind'], got {tw.get('by')!r}")
+    _float(check, "task_weights.power", tw.get("power"), 0.0)
     tasks = dict(c["tasks"])
     _sub(check, "tasks", tasks, d["tasks"])
     if tasks.get("suite") != "toyfix":

@@ -179,8 +179,13 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     ref = jax.tree_util.tree_map(jax.numpy.asarray, params0) if rl["reference"] == "init" else None
     weight_sync = WeightSync(engine, wcfg) if wcfg["mode"] == "delta" else None
     grade_fn = GradeCache(grade_validated) if rl["grade_cache"] else None  # None: grade_validated
+    task_weights = by_kind = None
+    if rl["task_weights"]["by"] == "kind":
+        from c2jax.train.rl_tasks import kind_weights
+
+        task_weights, by_kind = kind_weights(train_tasks, float(rl["task_weights"]["power"]))
     ctx = RLContext(rl=rl, learner=learner, engine=engine, policy=policy, harness=harness, pool=pool,
-                    ref_params=ref, seed=seed, weight_sync=weight_sync, grade_fn=grade_fn)
+                    ref_params=ref, seed=seed, weight_sync=weight_sync, grade_fn=grade_fn, task_weights=task_weights)
     logger = MetricsLogger(out_dir)
     steps = int(rl["steps"])
     bar = Progress(steps, initial=start, desc="rl")
@@ -233,6 +238,8 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
                                "group_size": int(rl["group_size"]), "rollouts": steps * int(rl["tasks_per_step"]) * int(rl["group_size"]),
                                "final_version": version, "family_dir": fam["dir"],
                                "trained_tasks": list(stream.used)}  # in training order (sft_matched.tasks_from)
+    if by_kind is not None:
+        summary["task_weights"] = by_kind  # {kind: {"tasks": n in the stream, "weight": each task's}}
     if rl["eval"]["enabled"]:
         save_policy(os.path.join(out_dir, "policy_final"), final, cfg, tokenizer)
         t0 = time.time()

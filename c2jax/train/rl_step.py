@@ -49,6 +49,7 @@ class RLContext:
     grade_fn: Any = None
     reward_names: tuple = ("task", "reward", "resolved", "f2p_fraction", "p2p_regressions")
     weight_sync: Any = None  # c2jax.sync.WeightSync (rl.weight_sync 'delta'); None = engine.update_weights
+    task_weights: dict | None = None  # {task id: weight} (rl.task_weights); None: every task weighs 1
 
 
 @dataclasses.dataclass
@@ -177,6 +178,9 @@ def learn(ctx: RLContext, state: TrainState, samples: Sequence[Sample], version:
     and the asynchronous trainer service both call this (nothing else updates the parameters)."""
     rl = ctx.rl
     trajs = [s.trajectory for s in samples]
+    if ctx.task_weights is not None:  # pad_batch carries it as batch["group_weight"]; the loss scales advantages
+        for t in trajs:
+            t.metadata["group_weight"] = float(ctx.task_weights.get(t.task_id, 1.0))
     n = len(trajs)
     # Rows needed (first-fit packing) depend on lengths: pad to a bucket so jit sees few shapes.
     row_len = learner_row_len(trajs, rl)

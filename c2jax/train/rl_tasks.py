@@ -91,3 +91,22 @@ class TaskStream:
             raise ValueError(f"task stream state names tasks not in the training set: {missing[:3]}")
         self.used = used
         self.bucket_stats = {k: list(v) for k, v in dict(state.get("bucket_stats", {})).items()}
+
+
+def kind_weights(tasks: Sequence[Any], power: float = 1.0, kind_of: Any = None) -> tuple[dict[str, float], dict]:
+    """Per-task weights for ``rl.task_weights.by="kind"``: count(kind) ** -power over `tasks`, normalised
+    to mean 1, so with power 1 every kind of fix carries the same total weight in the updates (the
+    common kind's groups no longer outvote the rare kinds'). `kind_of(task)` defaults to
+    `c2jax.train.agent_sft.demo_kind`. Returns ({instance_id: weight}, {kind: {"tasks", "weight"}})."""
+    if kind_of is None:
+        from c2jax.train.agent_sft import demo_kind as kind_of
+    kinds = {t.instance_id: kind_of(t) for t in tasks}
+    counts: dict[str, int] = {}
+    for k in kinds.values():
+        counts[k] = counts.get(k, 0) + 1
+    raw = {i: counts[k] ** -float(power) for i, k in kinds.items()}
+    mean = sum(raw.values()) / max(len(raw), 1)
+    weights = {i: w / mean for i, w in raw.items()}
+    by_kind = {k: {"tasks": n, "weight": counts[k] ** -float(power) / mean} for k, n in sorted(counts.items())}
+    return weights, by_kind
+

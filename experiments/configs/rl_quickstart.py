@@ -54,6 +54,8 @@ Presets (after ':'):
                   without trading tasks (docs/rl_experiments.md, "the same balance on the default family")
     nth_balanced  kind_balanced with the string repeats demonstrated (agent_sft.demo_style="shell_locate_nth":
                   `s/+/*/2`, the operator's 2nd occurrence, no quote and no constant to copy)
+    kind_weighted kind_balanced with the RL update balanced too: each task's advantages times
+                  count(kind) ** -1, normalised to mean 1 (rl.task_weights.by="kind")
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
@@ -67,7 +69,7 @@ from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
 PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
-           "best_of_2", "top_entropy", "unlikely", "retry", "balanced", "kind_balanced", "nth_balanced", "sft_matched")
+           "best_of_2", "top_entropy", "unlikely", "retry", "balanced", "kind_balanced", "nth_balanced", "kind_weighted", "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -150,6 +152,9 @@ def _rl(**over) -> dict:
         replay_metrics=True,
         grade_cache=True,
         curriculum=dict(upsample_after_step=8, weights=dict(turns=1.0, thinking_tokens=0.01), pool=4),
+        # "kind": each task's advantages times count(kind of fix) ** -power (mean 1), so the common fix's
+        # groups do not outvote the rare kinds' (preset `kind_weighted`)
+        task_weights=dict(by="none", power=1.0),
         # repro=True: each task repository also holds repro.py, a visible check of the statement's call
         # (preset `retry`)
         tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=128, n_demo=4096, seed=0, docstrings=False,
@@ -253,6 +258,11 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.rewards.unlikeliness.weight = 0.0
     elif arg == "kind_balanced":
         config.agent_sft.balance = "kind"
+    elif arg == "kind_weighted":
+        # kind_balanced whose RL update also weighs every kind of fix alike: RL otherwise pulls the rare
+        # kinds' lines towards the training tasks' most common fix (docs/rl_experiments.md)
+        config.agent_sft.balance = "kind"
+        config.rl.task_weights.by = "kind"
     elif arg == "nth_balanced":
         # kind_balanced whose demonstrations also cover the string repeats (`s + 'c' + k` -> `s + 'c' * k`,
         # ~7% of held-out tasks, never solved by the shell_locate cold start): their sed substitutes the

@@ -63,3 +63,16 @@ def test_kill9_mid_rl_then_rerun_is_bit_identical(tmp_path, cache):
     b = subprocess.run(_cmd(tmp_path / "b", cache, *extra), capture_output=True, text=True, timeout=900, env=_env())
     assert b.returncode == 0, b.stderr[-3000:]
     assert _param_hash(tmp_path / "a") == _param_hash(tmp_path / "b")
+
+
+def test_kind_task_weights_reach_the_update(tmp_path, cache):
+    """`rl.task_weights.by=kind` end to end (the smoke build reused): the summary lists the stream's kinds
+    with weights of mean 1 over its tasks, and each step's update logs the weights of the groups it used."""
+    r = subprocess.run(_cmd(tmp_path / "w", cache, "--config.rl.task_weights.by=kind", "--config.rl.eval.enabled=False"),
+                       capture_output=True, text=True, timeout=600, env=_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    by = json.load(open(tmp_path / "w" / "summary.json"))["rl"]["task_weights"]
+    n = sum(v["tasks"] for v in by.values())
+    assert sum(v["tasks"] * v["weight"] for v in by.values()) == pytest.approx(n)
+    rows = [json.loads(line) for line in open(tmp_path / "w" / "rl" / "train.jsonl")]
+    assert all("adv/group_weight_mean" in r and r["adv/group_weight_mean"] > 0 for r in rows)
