@@ -54,6 +54,7 @@ Presets (after ':'):
                   without trading tasks (docs/rl_experiments.md, "the same balance on the default family")
     nth_balanced  kind_balanced with the string repeats demonstrated (agent_sft.demo_style="shell_locate_nth":
                   `s/+/*/2`, the operator's 2nd occurrence, no quote and no constant to copy)
+    kind_best_of_2 kind_balanced with best-of-2 advantages (rl.advantage.k = 2)
     kind_weighted kind_balanced with the RL update balanced too: each task's advantages times
                   count(kind) ** -1, normalised to mean 1 (rl.task_weights.by="kind")
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
@@ -69,7 +70,8 @@ from c2jax.data import presets as data_presets
 from c2jax.model.config import model_config_dict
 
 PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
-           "best_of_2", "top_entropy", "unlikely", "retry", "balanced", "kind_balanced", "nth_balanced", "kind_weighted", "sft_matched")
+           "best_of_2", "top_entropy", "unlikely", "retry", "balanced", "kind_balanced", "kind_best_of_2",
+           "nth_balanced", "kind_weighted", "sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -258,6 +260,11 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl.rewards.unlikeliness.weight = 0.0
     elif arg == "kind_balanced":
         config.agent_sft.balance = "kind"
+    elif arg == "kind_best_of_2":
+        # kind_balanced with best-of-2 advantages: a group solved 7 or 8 times in 8 gets no update, so RL
+        # does not sharpen the tasks already solved onto the common fix (docs/rl_experiments.md)
+        config.agent_sft.balance = "kind"
+        config.rl.advantage.k = 2
     elif arg == "kind_weighted":
         # kind_balanced whose RL update also weighs every kind of fix alike: RL otherwise pulls the rare
         # kinds' lines towards the training tasks' most common fix (docs/rl_experiments.md)
