@@ -65,6 +65,7 @@ def test_kill9_mid_rl_then_rerun_is_bit_identical(tmp_path, cache):
     assert _param_hash(tmp_path / "a") == _param_hash(tmp_path / "b")
 
 
+@pytest.mark.slow
 def test_kind_task_weights_reach_the_update(tmp_path, cache):
     """`rl.task_weights.by=kind` end to end (the smoke build reused): the summary lists the stream's kinds
     with weights of mean 1 over its tasks, and each step's update logs the weights of the groups it used."""
