@@ -13,6 +13,16 @@ from _paths import REPO_ROOT
 CONFIG = os.path.join(REPO_ROOT, "experiments", "configs", "rl_quickstart.py")
 
 
+def load_rl_quickstart():
+    """The `experiments/configs/rl_quickstart.py` module (its `get_config`, `PRESETS`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rl_quickstart", CONFIG)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
 def _cmd(workdir, cache, *extra):
     return [sys.executable, os.path.join(REPO_ROOT, "experiments", "run.py"), f"--config={CONFIG}:smoke",
             f"--workdir={workdir}", f"--config.build.dir={cache}",

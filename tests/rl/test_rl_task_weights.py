@@ -65,16 +65,10 @@ def test_kind_weights_give_every_kind_the_same_total_and_mean_one():
 
 
 def test_bad_task_weights_fail_validation_naming_the_choices():
-    import importlib.util
-    import os
-
+    from _rl_smoke_common import load_rl_quickstart
     from c2jax.config import ConfigError, validate
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs", "rl_quickstart.py")
-    spec = importlib.util.spec_from_file_location("rlq", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cfg = mod.get_config("kind_weighted")
+    cfg = load_rl_quickstart().get_config("kind_weighted")
     validate(cfg)  # the preset itself is fine
     cfg.rl.task_weights.by = "kinds"
     cfg.rl.task_weights.power = -1.0

@@ -54,16 +54,10 @@ def test_a_task_without_a_one_operator_fix_is_its_own_kind():
 
 
 def test_bad_balance_fails_validation_naming_the_choices():
-    import importlib.util
-    import os
-
+    from _rl_smoke_common import load_rl_quickstart
     from c2jax.config import ConfigError, validate
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs", "rl_quickstart.py")
-    spec = importlib.util.spec_from_file_location("rl_quickstart", path)
-    m = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(m)
-    cfg = m.get_config("smoke")
+    cfg = load_rl_quickstart().get_config("smoke")
     validate(cfg, warn=False)
     assert cfg.agent_sft.balance == "none"  # written out in the config, the default
     cfg.agent_sft.balance = "by_kind"

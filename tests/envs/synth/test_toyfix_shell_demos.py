@@ -215,6 +215,18 @@ def test_quote_free_leaves_quote_free_spans_alone_and_still_refuses_quoted_chang
         sed_edit("    return a + '#' * 3", "    return a + '~' * 3", quote_free=True)
 
 
+def _beyond_shell_locate(tmp_path, style: str):
+    """(candidate, first four commands, workspace) of the generated difficulty-0 demo tasks `style`
+    demonstrates and `shell_locate` does not; on the tasks both demonstrate, asserts the same commands."""
+    for c, task, root in _d0_workspaces(tmp_path, style, n_seeds=400):
+        cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in shell_demo_messages(task, style=style)[:4]]
+        if applies(task, "shell_locate"):
+            assert [json.loads(m.tool_calls[0].arguments)["command"]
+                    for m in shell_demo_messages(task, style="shell_locate")[:4]] == cmds
+            continue
+        yield c, cmds, root
+
+
 def test_shell_locate_qf_demonstrates_string_repeats_that_shell_locate_skips(tmp_path):
     """On generated difficulty-0 train tasks, `shell_locate_qf` demonstrates a superset of
     `shell_locate`'s tasks, with the same commands where both apply, and its extra demonstrations
@@ -222,13 +234,7 @@ def test_shell_locate_qf_demonstrates_string_repeats_that_shell_locate_skips(tmp
     if shutil.which("grep") is None:
         pytest.skip("needs GNU grep")
     extra = 0
-    for c, task, root in _d0_workspaces(tmp_path, "shell_locate_qf", n_seeds=400):
-        msgs = shell_demo_messages(task, style="shell_locate_qf")
-        cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in msgs[:4]]
-        if applies(task, "shell_locate"):
-            assert [json.loads(m.tool_calls[0].arguments)["command"]
-                    for m in shell_demo_messages(task, style="shell_locate")[:4]] == cmds
-            continue
+    for c, cmds, root in _beyond_shell_locate(tmp_path, "shell_locate_qf"):
         extra += 1
         out = subprocess.run(cmds[1], shell=True, cwd=root, capture_output=True, text=True, check=True).stdout
         assert int(cmds[2].split("'")[1].split("s/")[0]) in [int(ln.split(":", 1)[0]) for ln in out.splitlines()]
@@ -356,13 +362,7 @@ def test_shell_locate_nth_demonstrates_string_repeats_without_copying_a_constant
     import re
 
     extra = 0
-    for c, task, root in _d0_workspaces(tmp_path, "shell_locate_nth", n_seeds=400):
-        msgs = shell_demo_messages(task, style="shell_locate_nth")
-        cmds = [json.loads(m.tool_calls[0].arguments)["command"] for m in msgs[:4]]
-        if applies(task, "shell_locate"):
-            assert [json.loads(m.tool_calls[0].arguments)["command"]
-                    for m in shell_demo_messages(task, style="shell_locate")[:4]] == cmds
-            continue
+    for c, cmds, root in _beyond_shell_locate(tmp_path, "shell_locate_nth"):
         extra += 1
         line, sub = re.fullmatch(r"sed -i '(\d+)(s/.*/\d+)' .*", cmds[2]).groups()
         assert not re.search(r"\d", sub.rsplit("/", 1)[0])  # no constant in the substitution
