@@ -139,14 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--transcripts", action="store_true",
                    help="also write OUT/transcripts.jsonl: every episode's messages (what the agent did)")
     p = sub.add_parser("compare", help="paired bootstrap of pass@k between two runs (tasks matched by id)")
-    p.add_argument("a", help="run A: an --out directory or its results.json")
+    p.add_argument("a", help="run A: an --out directory or its results.json; A1+A2 merges the samples of runs of "
+                             "the same policy with different --seed (more samples per task)")
     p.add_argument("b", help="run B")
     p.add_argument("--k", default="1,8", help="comma-separated ks (ks above the samples per task are skipped)")
     p.add_argument("--n-boot", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON file (default: B/compare.json)")
     p = sub.add_parser("pool", help="paired bootstrap pooled over (A, B) pairs on the same tasks (one per seed)")
-    p.add_argument("runs", nargs="+", help="A1 B1 [A2 B2 ...]: --out directories or results.json files")
+    p.add_argument("runs", nargs="+", help="A1 B1 [A2 B2 ...]: --out directories or results.json files "
+                                           "(RUN+RUN2 merges the samples of two seeds of one policy)")
     p.add_argument("--k", default="1,8")
     p.add_argument("--n-boot", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)

@@ -377,10 +377,36 @@ def run_agent_suite(tasks: Sequence[TaskRecord], setup: AgentSetup, out_dir: str
     return summary
 
 
+def merge_sample_rows(runs: Sequence[list[dict[str, Any]]], names: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """One run's rows with each task's samples from every run in `runs` (the same policy evaluated with
+    different sampling seeds): more samples per task make the unbiased pass@k estimate (and a paired
+    difference of it) less noisy. The runs must hold the same tasks; samples are renumbered 0..n-1."""
+    ids = [[r["instance_id"] for r in rows] for rows in runs]
+    for i, got in enumerate(ids[1:], 1):
+        if sorted(got) != sorted(ids[0]):
+            name = names[i] if i < len(names) else f"run {i}"
+            raise ValueError(f"merge: {name} holds other tasks than the first run "
+                             f"({len(set(got) ^ set(ids[0]))} ids differ)")
+    by_id = [{r["instance_id"]: r for r in rows} for rows in runs]
+    out = []
+    for tid in ids[0]:
+        samples = [dict(s) for rows in by_id for s in rows[tid]["samples"]]
+        for n, s in enumerate(samples):
+            s["sample"] = n
+        out.append(dict(by_id[0][tid], samples=samples))
+    return out
+
+
 def load_rows(out_dir_or_file: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(per-task rows, summary) of a finished run: a `bench run --out` directory or its results.json,
-    or an RL stage's evaluation directory (`runs/rl/rl/eval_before`: rows.json beside results.json)."""
+    or an RL stage's evaluation directory (`runs/rl/rl/eval_before`: rows.json beside results.json).
+    `RUN1+RUN2[+...]` (where no such path exists) merges the runs' samples per task
+    (`merge_sample_rows`; the summary is the first run's)."""
     path = out_dir_or_file
+    if "+" in path and not os.path.exists(path):
+        parts = path.split("+")
+        loaded = [load_rows(p) for p in parts]
+        return merge_sample_rows([rows for rows, _ in loaded], parts), loaded[0][1]
     if os.path.isdir(path):
         path = os.path.join(path, "results.json")
     with open(path, encoding="utf-8") as f:
@@ -434,5 +460,5 @@ def format_compare(cmp: dict[str, Any]) -> str:
 
 
 __all__ = ["aevaluate_agent", "evaluate_agent", "summarize_agent", "format_agent_table", "sample_row", "task_row",
-           "as_eval_rows", "load_agent_config", "build_agent", "AgentSetup", "run_agent_suite", "load_rows",
+           "as_eval_rows", "load_agent_config", "build_agent", "AgentSetup", "run_agent_suite", "load_rows", "merge_sample_rows",
            "compare_runs", "format_compare"]

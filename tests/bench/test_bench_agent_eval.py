@@ -475,3 +475,38 @@ def test_order_free_seeds(ckpt, repo_env):
         dataclasses.replace(r, turn=3))
     assert pol.seed_for(r) != pol.seed_for(dataclasses.replace(r, purpose="summarize"))
     assert EnginePolicy(eng, fmt, seed=None).seed_for(r) is None
+
+
+def test_merged_seeds_give_the_unbiased_pass_at_k_of_all_samples(tmp_path):
+    """`RUN+RUN2` merges each task's samples of two runs (the same policy, two sampling seeds): the
+    pass@k compared is the unbiased estimate over all of them (checked by brute force over the
+    k-subsets), samples are renumbered, and runs of different tasks fail naming the run. Through the
+    CLI, `bench compare A+A2 B+B2` reports pass@8 from 16 samples per task."""
+    import json
+    import subprocess
+    import sys
+
+    from c2jax.bench.agent_eval import load_rows, merge_sample_rows
+    from c2jax.bench.metrics import pass_at_k, pass_at_k_bruteforce
+
+    rng = random.Random(2)
+    outs = {n: {f"t{i}": [rng.random() < 0.3 for _ in range(8)] for i in range(6)} for n in ("a", "a2", "b", "b2")}
+    for name, o in outs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps({"tasks": _rows(o), "summary": {}}))
+    rows, _ = load_rows(f"{tmp_path / 'a'}+{tmp_path / 'a2'}")
+    for r in rows:
+        got = [s["resolved"] for s in r["samples"]]
+        assert got == outs["a"][r["instance_id"]] + outs["a2"][r["instance_id"]]
+        assert [s["sample"] for s in r["samples"]] == list(range(16))
+        assert pass_at_k(16, sum(got), 8) == pytest.approx(pass_at_k_bruteforce(got, 8))
+    with pytest.raises(ValueError, match="other tasks"):
+        merge_sample_rows([_rows(outs["a"]), _rows({"zz": [True]})], ["a", "zz-run"])
+    r = subprocess.run([sys.executable, "-m", "c2jax.bench", "compare", f"{tmp_path / 'a'}+{tmp_path / 'a2'}",
+                        f"{tmp_path / 'b'}+{tmp_path / 'b2'}", "--k", "1,8,16", "--out", str(tmp_path / "c.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = json.loads((tmp_path / "c.json").read_text())["diffs"]
+    want = np.mean([pass_at_k(16, sum(outs["b"][t] + outs["b2"][t]), 8) - pass_at_k(16, sum(outs["a"][t] + outs["a2"][t]), 8)
+                    for t in outs["a"]])
+    assert set(d) == {"pass@1", "pass@8", "pass@16"} and d["pass@8"]["mean"] == pytest.approx(want)
