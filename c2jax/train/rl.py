@@ -107,9 +107,13 @@ def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str, agent
     """The `python -m c2jax.bench run` command that reproduces an in-stage evaluation exactly.
     agent_config: the run's `write_agent_config` file (the config file the run was started with would
     miss any ``--config.agent.*`` override, e.g. a larger max_turns)."""
+    from c2jax.train.rl_eval import eval_samples
+
     ev = rl["eval"]
+    n = eval_samples(ev)
+    ks = f" --ks 1,{ev['k']}" if n != int(ev["k"]) else ""
     return (f"python -m c2jax.bench run --suite {suite_dir} --split eval --limit {ev['n_tasks']} --policy engine "
-            f"--checkpoint {ckpt} --k {ev['k']} --temperature {ev['temperature']} --seed {seed} "
+            f"--checkpoint {ckpt} --k {n}{ks} --temperature {ev['temperature']} --seed {seed} "
             f"--max-in-flight {ev['max_in_flight']} --max-len {rl['max_len']} --agent-config {agent_config} --out {out}")
 
 

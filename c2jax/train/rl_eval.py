@@ -15,6 +15,12 @@ from typing import Any
 from c2jax.atomic import atomic_write_json
 
 
+def eval_samples(ev: dict) -> int:
+    """Samples per task of an evaluation section: ``samples`` (>= ``k``; pass@k is the unbiased estimate
+    from them), ``k`` for a section written before the key existed."""
+    return int(ev.get("samples", ev["k"]))
+
+
 def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks: list, out_dir: str,
              seed: int) -> dict:
     """Held-out pass@k of `params` through the harness (cached in out_dir/rows.jsonl)."""
@@ -38,7 +44,7 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
             harness, fmt = make_harness(config, tokenizer)
             policy = EnginePolicy(engine, fmt, temperature=float(ev["temperature"]), seed=seed)
             grade_fn = GradeCache(grade_validated) if rl["grade_cache"] else grade_validated
-            rows = evaluate_agent(tasks, harness, policy, k=int(ev["k"]), max_in_flight=int(ev["max_in_flight"]),
+            rows = evaluate_agent(tasks, harness, policy, k=eval_samples(ev), max_in_flight=int(ev["max_in_flight"]),
                                   grade_fn=grade_fn)
             if isinstance(grade_fn, GradeCache):
                 atomic_write_json(os.path.join(out_dir, "grade_cache.json"), grade_fn.stats())

@@ -49,3 +49,24 @@ def test_every_rl_quickstart_preset_validates():
     # the default's cold start is kind-balanced; the presets measured unbalanced say so
     assert m.get_config("").agent_sft.balance == m.get_config("kind_balanced").agent_sft.balance == "kind"
     assert m.get_config("retry").agent_sft.balance == m.get_config("smoke").agent_sft.balance == "none"
+
+
+def test_more_samples_than_k_are_in_the_command_and_fewer_fail_validation(tmp_path):
+    """`rl.eval.samples` > k: the command samples that many per task and still reports pass@1 and
+    pass@k (`--k SAMPLES --ks 1,K`); equal to k, the command is the one it always was; fewer than k
+    fails validation naming both keys."""
+    import pytest
+
+    from c2jax.config import ConfigError, validate
+
+    cfg = _config("")
+    path = write_agent_config(cfg, str(tmp_path))
+    plain = eval_command("SUITE", "CKPT", cfg.rl, 0, "OUT", path)
+    assert "--k 8 --temperature" in plain and "--ks" not in plain
+    cfg.rl.eval.samples = 16
+    validate(cfg, warn=False)
+    cmd = shlex.split(eval_command("SUITE", "CKPT", cfg.rl, 0, "OUT", path))
+    assert cmd[cmd.index("--k") + 1] == "16" and cmd[cmd.index("--ks") + 1] == "1,8"
+    cfg.rl.eval.samples = 4
+    with pytest.raises(ConfigError, match=r"eval\.samples.*eval\.k"):
+        validate(cfg, warn=False)
