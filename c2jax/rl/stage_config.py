@@ -64,9 +64,9 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     # Held-out evaluation before and after RL (same command both times), and pass@1 against the
     # family's difficulty knob (c2jax.train.rl_difficulty: `difficulty_n_tasks` held-out tasks x
     # `difficulty_k` samples at each of `difficulties`; the configured difficulty reuses the main rows).
-    # `samples` per task (>= k): pass@k is the unbiased estimate from them, so more samples than k narrow
-    # its interval (16 instead of 8 narrowed the quickstart's paired pass@8 interval by ~20%) at their cost.
-    eval=dict(enabled=True, k=8, samples=8, temperature=1.0, n_tasks=64, max_in_flight=32, difficulties=(0, 1, 2, 3),
+    # `samples` per task (None: k; else >= k): pass@k is the unbiased estimate from them, so more samples
+    # than k narrow its interval (16 instead of 8 narrowed the quickstart's paired pass@8 interval by ~20%).
+    eval=dict(enabled=True, k=8, samples=None, temperature=1.0, n_tasks=64, max_in_flight=32, difficulties=(0, 1, 2, 3),
               difficulty_n_tasks=16, difficulty_k=4),
     # Asynchronous services (c2jax.train.async_rl): off = the synchronous step loop.
     services=dict(enabled=False, backend="local", ray_address=None, inflight_updates=True, max_retries=2,
@@ -251,8 +251,10 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any], full: Any = None) -> N
     _sub(check, "eval", ev, d["eval"])
     if not isinstance(ev.get("enabled"), bool):
         check.error("eval.enabled", f"must be a bool, got {ev.get('enabled')!r}")
-    for k in ("k", "samples", "n_tasks", "max_in_flight"):
+    for k in ("k", "n_tasks", "max_in_flight"):
         _int(check, f"eval.{k}", ev.get(k), 1)
+    if ev.get("samples") is not None:
+        _int(check, "eval.samples", ev.get("samples"), 1)
     if all(isinstance(ev.get(k), int) and not isinstance(ev.get(k), bool) for k in ("k", "samples")) \
             and ev["samples"] < ev["k"]:
         check.error("eval.samples", f"must be >= eval.k ({ev['k']}): pass@k needs k samples per task, got {ev['samples']}")

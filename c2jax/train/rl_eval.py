@@ -17,8 +17,8 @@ from c2jax.atomic import atomic_write_json
 
 def eval_samples(ev: dict) -> int:
     """Samples per task of an evaluation section: ``samples`` (>= ``k``; pass@k is the unbiased estimate
-    from them), ``k`` for a section written before the key existed."""
-    return int(ev.get("samples", ev["k"]))
+    from them), or ``k`` where it is None or absent."""
+    return int(ev.get("samples") or ev["k"])
 
 
 def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks: list, out_dir: str,

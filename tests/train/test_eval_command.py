@@ -53,8 +53,8 @@ def test_every_rl_quickstart_preset_validates():
 
 def test_more_samples_than_k_are_in_the_command_and_fewer_fail_validation(tmp_path):
     """`rl.eval.samples` > k: the command samples that many per task and still reports pass@1 and
-    pass@k (`--k SAMPLES --ks 1,K`); equal to k, the command is the one it always was; fewer than k
-    fails validation naming both keys."""
+    pass@k (`--k SAMPLES --ks 1,K`); unset, it is k and the command is the one it always was; fewer
+    than k fails validation naming both keys."""
     import pytest
 
     from c2jax.config import ConfigError, validate
@@ -62,7 +62,12 @@ def test_more_samples_than_k_are_in_the_command_and_fewer_fail_validation(tmp_pa
     cfg = _config("")
     path = write_agent_config(cfg, str(tmp_path))
     plain = eval_command("SUITE", "CKPT", cfg.rl, 0, "OUT", path)
+    assert cfg.rl.eval.samples is None  # unset: k samples per task
     assert "--k 8 --temperature" in plain and "--ks" not in plain
+    cfg.rl.eval.k = 4  # overriding k alone still validates (samples follows it)
+    validate(cfg, warn=False)
+    assert "--k 4 --temperature" in eval_command("SUITE", "CKPT", cfg.rl, 0, "OUT", path)
+    cfg.rl.eval.k = 8
     cfg.rl.eval.samples = 16
     validate(cfg, warn=False)
     cmd = shlex.split(eval_command("SUITE", "CKPT", cfg.rl, 0, "OUT", path))

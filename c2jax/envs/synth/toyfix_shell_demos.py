@@ -80,7 +80,7 @@ _EXPLORE = {"shell_lines": f"grep -n . {MODULE_GLOB}", "shell_ops": f"grep -nE '
 _EXPLORE["shell_locate_qf"] = _EXPLORE["shell_locate_nth"] = _EXPLORE["shell_locate"]
 _LOCATE = ("shell_locate", "shell_locate_qf", "shell_locate_nth", "shell_retry",
            "shell_retry_addr")  # the styles with the fixed-string operator grep
-NTH_STYLES = _NTH = ("shell_locate_nth",)  # substitute the span's Nth occurrence where the leftward span needs a quote
+NTH_STYLES = ("shell_locate_nth",)  # substitute the span's Nth occurrence where the leftward span needs a quote
 _QUOTE_FREE = ("shell_locate_qf", "shell_retry", "shell_retry_addr")  # widen the sed span rightward where the leftward one needs a quote
 _BRE_SPECIAL = re.compile(r"([\\.*\[\]^$/])")
 _REPL_SPECIAL = re.compile(r"([\\&/])")
@@ -201,7 +201,7 @@ def applies(task: Any, style: str = "shell_lines") -> bool:
     if style in RETRY_STYLES and REPRO_PATH not in repo:
         return False
     try:
-        sed_edit(bugs[0]["old"], bugs[0]["new"], quote_free=style in _QUOTE_FREE, nth=style in _NTH)
+        sed_edit(bugs[0]["old"], bugs[0]["new"], quote_free=style in _QUOTE_FREE, nth=style in NTH_STYLES)
     except ValueError:
         return False
     return True
@@ -245,7 +245,7 @@ def shell_demo_messages(task: Any, style: str = "shell_lines", prior: Counter | 
                          f"{' on a line with a binary operator' if style == 'shell_ops' else ''}: {task.instance_id}")
     bug = task.provenance["bugs"][0]
     n = _bug_line(task, bug)["line"]
-    edit = sed_edit(bug["old"], bug["new"], quote_free=style in _QUOTE_FREE, nth=style in _NTH)
+    edit = sed_edit(bug["old"], bug["new"], quote_free=style in _QUOTE_FREE, nth=style in NTH_STYLES)
     cmds = [_EXPLORE[style], f"sed -i '{n}{edit}' {MODULE_GLOB}", f"sed -n '{n}p' {MODULE_GLOB}"]
     if style in _LOCATE:
         pat = locate_pattern(bug["old"], edit)
