@@ -37,6 +37,12 @@ bookkeeping only):
   output unchanged, acceptance rate in `spec_acceptance_rate`.
 * `cancel(request_id)`: a queued or running request stops at the next step (``finish_reason=
   'cancelled'``) and frees its row, e.g. when the server's client disconnects.
+* Threads: `add_request` / `submit` / `update_weights` never wait for a running step. They put
+  their work in an inbox guarded by a lock of its own (the wake-up condition's) that no step
+  holds; the next `step()` moves the inbox into the queue, in submission order. So an agent
+  harness on an event loop submits its next turn (or a tool call's continuation) at once instead
+  of blocking its whole loop for the rest of a decode step. `cancel` does wait for the step (it
+  edits the rows), which is fine: it is rare.
 * Sequences are limited to ``max_len`` tokens in total: a sequence that reaches it ends with
   ``finish_reason='length'``.
 """
@@ -173,10 +179,13 @@ class Engine:
         self._tick = 0
         self._n_submitted = 0
         self._seed_rng = np.random.default_rng(config.seed)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # engine state (rows, queue, cache); held for a whole step
+        # The inbox, pending update, loop state and seed draws; never held across device work, so
+        # callers on other threads (an event loop submitting a request) do not wait for a step.
+        self._wake = threading.Condition(threading.Lock())
+        self._inbox: list[_Seq] = []  # submitted, not yet seen by a step (drained in order)
         self._pending: Optional[tuple[dict, int]] = None
         self._cancelled: collections.deque[_Seq] = collections.deque()  # cancelled while queued
-        self._wake = threading.Condition(self._lock)
         self._thread: Optional[threading.Thread] = None
         self._running = False
         self._byte_table = None if tokenizer is None else token_byte_table(tokenizer, model_cfg.vocab_size)
@@ -187,13 +196,16 @@ class Engine:
             self._spec = SpecDecoder(self)
 
     # ---- public API ------------------------------------------------------------------------
-    def add_request(self, req: Request, index: Optional[int] = None) -> _Seq:
-        """Validate and queue one request. An invalid request finishes at once with
-        ``result.error`` set (other requests are unaffected)."""
-        with self._lock:
+    def add_request(self, req: Request, index: Optional[int] = None,
+                    future: Optional[concurrent.futures.Future] = None) -> _Seq:
+        """Validate and queue one request (thread-safe; does not wait for a running step: the
+        next step picks it up). An invalid request finishes at once with ``result.error`` set
+        (other requests are unaffected); `future`, if given, resolves to the request's `Result`."""
+        with self._wake:
             idx = self._n_submitted if index is None else index
             self._n_submitted += 1
-            seq = _Seq(index=idx, req=req, params=req.params, prompt=np.zeros((0,), np.int32), seed=0)
+            seq = _Seq(index=idx, req=req, params=getattr(req, "params", None), prompt=np.zeros((0,), np.int32),
+                       seed=0, future=future)
             try:
                 if not isinstance(req, Request):
                     raise RequestError(f"expected a Request, got {type(req).__name__}")
@@ -203,14 +215,35 @@ class Engine:
             except RequestError as e:
                 seq.result = Result(id=getattr(req, "id", None), finish_reason="error", error=e)
                 self.stats["rejected"] += 1
+                if future is not None:
+                    future.set_result(seq.result)
                 return seq
             seq.prompt = np.asarray(req.prompt, np.int32)
             seq.seed = int(p.seed) if p.seed is not None else int(self._seed_rng.integers(0, 2**32))
             if p.stop_strings:
                 seq.matcher = StopMatcher(p.stop_strings, p.include_stop_str)
-            self.queue.append(seq)
+            self._inbox.append(seq)
             self._wake.notify_all()
             return seq
+
+    def _take_inbox(self) -> None:
+        """Move submitted requests into the queue (caller holds ``_lock``)."""
+        with self._wake:
+            inbox, self._inbox = self._inbox, []
+        self.queue.extend(inbox)
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify_all()
+
+    def unfinished(self) -> list[_Seq]:
+        """Requests submitted and not finished: the inbox, the queue and the running rows (a
+        snapshot that takes no step lock, so it also works on an engine whose loop is stuck or dead)."""
+        with self._wake:
+            out = list(self._inbox)  # read before the queue: a request moving on is seen twice, never missed
+        out += list(self.queue) + list(self._cancelled) + [s for s in list(self.row_seq) if s is not None]
+        seen: set[int] = set()
+        return [s for s in out if not (id(s) in seen or seen.add(id(s)))]
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -219,7 +252,8 @@ class Engine:
         return self.stats["spec_accepted"] / p if p else float("nan")
 
     def has_work(self) -> bool:
-        return bool(self.queue) or bool(self._cancelled) or any(s is not None for s in self.row_seq)
+        return (bool(self._inbox) or bool(self.queue) or bool(self._cancelled)
+                or any(s is not None for s in self.row_seq))
 
     def cancel(self, request_id: str) -> bool:
         """Stop request `request_id` (thread-safe), e.g. because its client went away.
@@ -229,19 +263,20 @@ class Engine:
         reuse). Either way it finishes at the next `step()` with ``finish_reason='cancelled'`` and
         the tokens generated so far. Returns False if no queued or running request has that id."""
         with self._lock:
+            self._take_inbox()
             for seq in self.queue:
                 if seq.req.id == request_id:
                     self.queue.remove(seq)
                     seq.finish_reason = "cancelled"
                     self._cancelled.append(seq)
                     self.stats["cancelled"] += 1
-                    self._wake.notify_all()
+                    self._notify()
                     return True
             for seq in self.row_seq:
                 if seq is not None and seq.req.id == request_id and seq.finish_reason is None:
                     seq.finish_reason, seq.draining = "cancelled", True
                     self.stats["cancelled"] += 1
-                    self._wake.notify_all()
+                    self._notify()
                     return True
         return False
 
@@ -255,7 +290,7 @@ class Engine:
             raise ValueError(f"update_weights: parameter tree does not match the engine's model: "
                              f"{len(diff)} mismatching leaves, e.g. {diff[:3]} "
                              f"(got {[got.get(k) for k in diff[:3]]}, expected {[self._param_shapes.get(k) for k in diff[:3]]})")
-        with self._lock:
+        with self._wake:  # not the step lock: the weight-sync thread does not wait for a decode step
             self._pending = (params, int(version))
             self._wake.notify_all()
 
@@ -263,10 +298,11 @@ class Engine:
         """One scheduler iteration: pending weight update, admissions (+prefill), one decode step."""
         events: list[StreamEvent] = []
         with self._lock:
-            if self._pending is not None:
-                params, version = self._pending
-                self._pending = None
-                self._apply_update(params, version)
+            with self._wake:
+                pending, self._pending = self._pending, None
+            if pending is not None:
+                self._apply_update(*pending)
+            self._take_inbox()
             while self._cancelled:  # cancelled before admission: finish without a row
                 self._finish_unstarted(self._cancelled.popleft(), events)
             self._admit(events)
@@ -287,8 +323,11 @@ class Engine:
 
     # background loop: submit() / agenerate() -----------------------------------------------
     def start(self) -> "Engine":
-        """Run the scheduler loop in a background thread (for `submit` / `agenerate`)."""
-        with self._lock:
+        """Run the scheduler loop in a background thread (for `submit` / `agenerate`). Returns at
+        once if it runs already (no lock: `submit` calls this on every request)."""
+        if self._thread is not None:
+            return self
+        with self._wake:
             if self._thread is None:
                 self._running = True
                 self._thread = threading.Thread(target=self._loop, name="c2jax-sampler", daemon=True)
@@ -296,7 +335,7 @@ class Engine:
         return self
 
     def shutdown(self) -> None:
-        with self._lock:
+        with self._wake:
             self._running = False
             self._wake.notify_all()
             t = self._thread
@@ -309,11 +348,7 @@ class Engine:
         if self._thread is None:
             self.start()
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
-            seq = self.add_request(req)
-            seq.future = fut
-            if seq.result is not None:
-                fut.set_result(seq.result)
+        self.add_request(req, future=fut)
         return fut
 
     async def agenerate(self, req: Request) -> Result:
@@ -322,7 +357,7 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
-            with self._lock:
+            with self._wake:  # every producer notifies under this lock: no wake-up is lost
                 while self._running and not self.has_work() and self._pending is None:
                     self._wake.wait()
                 if not self._running:

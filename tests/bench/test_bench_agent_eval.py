@@ -76,10 +76,9 @@ def _count_engine_peak(engine) -> dict:
     peak = {"max": 0, "n": 0}
     orig = engine.add_request
 
-    def add(req, index=None):
-        seq = orig(req, index)
-        with engine._lock:
-            now = len(engine.queue) + sum(s is not None for s in engine.row_seq)
+    def add(req, index=None, **kw):
+        seq = orig(req, index, **kw)
+        now = len(engine.unfinished())
         peak["max"], peak["n"] = max(peak["max"], now), peak["n"] + 1
         return seq
 

@@ -207,6 +207,58 @@ def test_cancelled_future_does_not_kill_the_engine_loop(params):
         eng.shutdown()
 
 
+def test_submit_and_start_do_not_wait_for_a_running_step(params):
+    """While a decode step runs (held here inside `_decode`), `submit`, `start` and
+    `update_weights` return at once: an agent harness's event loop must not stall for a step.
+    Control: `cancel`, which edits the rows, does wait for the step, so the step really holds the
+    engine's lock while it is held here (on the engine before the inbox, `submit` waited too)."""
+    import threading
+    eng = Engine(params, CFG, ENGINE_CFG)
+    rng = np.random.default_rng(7)
+    p0, p1 = random_prompts(rng, [9, 13])
+    want = eng.generate([Request(p0, _greedy(8), id="a"), Request(p1, _greedy(5), id="b")])
+    inside, release = threading.Event(), threading.Event()
+    decode = eng._decode
+
+    def held_decode(events):
+        inside.set()
+        assert release.wait(60)
+        decode(events)
+
+    eng._decode = held_decode
+    eng.start()
+    try:
+        fut_a = eng.submit(Request(p0, _greedy(8), id="a"))
+        assert inside.wait(60)  # the loop is inside a step that holds the engine lock
+        got = {}
+
+        def call(name, fn):
+            got[name] = fn()
+
+        threads = {"submit": threading.Thread(target=call, args=("submit", lambda: eng.submit(
+                       Request(p1, _greedy(5), id="b")))),
+                   "start": threading.Thread(target=call, args=("start", eng.start)),
+                   "update": threading.Thread(target=call, args=("update", lambda: eng.update_weights(params, 0))),
+                   "cancel": threading.Thread(target=call, args=("cancel", lambda: eng.cancel("nobody")))}
+        for t in threads.values():
+            t.start()
+        for name in ("submit", "start", "update"):
+            threads[name].join(30)
+            assert not threads[name].is_alive() and name in got, f"{name} waited for the running step"
+        threads["cancel"].join(0.5)
+        assert threads["cancel"].is_alive() and "cancel" not in got  # control: the step holds the lock
+        assert [s.req.id for s in eng.unfinished()] == ["b", "a"]  # inbox first, then the running row
+        release.set()
+        threads["cancel"].join(30)
+        assert got["cancel"] is False
+        res_a, res_b = fut_a.result(timeout=120), got["submit"].result(timeout=120)
+        assert list(res_a.tokens) == list(want[0].tokens) and list(res_b.tokens) == list(want[1].tokens)
+        assert eng.unfinished() == [] and eng.stats["weight_updates"] == 1
+    finally:
+        release.set()
+        eng.shutdown()
+
+
 def test_config_section_validated_and_builds_engine(params):
     import ml_collections
     from c2jax.config import ConfigError, validate

@@ -121,7 +121,7 @@ class SupervisedEngine:
             new.start()
             self.current = new
             self.replacements += 1
-            lost = [s for s in list(old.queue) + list(old.row_seq) if s is not None]
+            lost = old.unfinished()  # inbox, queue and rows; takes no step lock (the old loop may be stuck)
             for seq in lost:
                 fut = getattr(seq, "future", None)
                 if fut is not None and not fut.done():
