@@ -55,7 +55,7 @@ def sweep(policies: Mapping[str, Any], cfg: Any, tokenizer: Any, config: Any, rl
     from c2jax.train.rl_family import load_split
 
     ev = rl["eval"]
-    sub_rl = dict(rl, eval=dict(ev, k=int(ev["difficulty_k"])))
+    sub_rl = dict(rl, eval=dict(ev, k=int(ev["difficulty_k"]), samples=None))  # difficulty_k samples, not eval.samples
     out: dict = {}
     for d in [int(x) for x in ev["difficulties"]]:
         out[d] = {}

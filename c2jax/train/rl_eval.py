@@ -9,16 +9,33 @@ the verdicts are the grader's, the duplicates just are not re-run.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
 from c2jax.atomic import atomic_write_json
+
+log = logging.getLogger(__name__)
 
 
 def eval_samples(ev: dict) -> int:
     """Samples per task of an evaluation section: ``samples`` (>= ``k``; pass@k is the unbiased estimate
     from them), or ``k`` where it is None or absent."""
     return int(ev.get("samples") or ev["k"])
+
+
+def cached_rows_mismatch(rows: list, tasks: list, samples: int) -> str | None:
+    """Why evaluation rows cached on disk cannot stand for this evaluation (None when they can): they
+    must hold the same tasks in the same order with `samples` samples each. A rerun with another
+    ``rl.eval.samples`` (or task list) in the same workdir would otherwise report the old numbers."""
+    want = [t.instance_id for t in tasks]
+    got = [r.get("instance_id") for r in rows]
+    if got != want:
+        return f"tasks differ ({len(got)} cached, {len(want)} wanted; first cached {got[:2]}, wanted {want[:2]})"
+    counts = sorted({len(r.get("samples", ())) for r in rows})
+    if rows and counts != [samples]:
+        return f"samples per task differ (cached {counts}, wanted {samples})"
+    return None
 
 
 def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks: list, out_dir: str,
@@ -33,10 +50,15 @@ def evaluate(params: Any, cfg: Any, tokenizer: Any, config: Any, rl: dict, tasks
 
     rows_path = os.path.join(out_dir, "rows.json")
     ev = rl["eval"]
+    rows = None
     if os.path.exists(rows_path):
         with open(rows_path) as f:
             rows = json.load(f)
-    else:
+        why = cached_rows_mismatch(rows, tasks, eval_samples(ev))
+        if why is not None:
+            log.warning("%s: cached rows not reused, %s; evaluating again", rows_path, why)
+            rows = None
+    if rows is None:
         os.makedirs(out_dir, exist_ok=True)
         engine = Engine(params, cfg, EngineConfig(max_slots=int(ev["max_in_flight"]), max_len=int(rl["max_len"])),
                         tokenizer=tokenizer)

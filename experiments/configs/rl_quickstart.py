@@ -169,9 +169,10 @@ def _rl(**over) -> dict:
         # (preset `retry`)
         tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=128, n_demo=4096, seed=0, docstrings=False,
                    repro=False),
-        # samples: per task (unset: k; else >= k; pass@k the unbiased estimate from them); 16 narrow the
-        # paired pass@8 interval by ~20% and double the evaluations' time (docs/rl_experiments.md, "sixteen samples")
-        eval=dict(enabled=True, k=8, samples=placeholder(int), temperature=1.0, n_tasks=128, max_in_flight=32,
+        # samples: per task (None: k; else >= k; pass@k is the unbiased estimate from them). 16 narrow
+        # the paired pass@8 interval by ~20% for twice the sampling (docs/rl_experiments.md, "sixteen
+        # samples per task inside the stage"); the difficulty sweep keeps difficulty_k samples
+        eval=dict(enabled=True, k=8, samples=16, temperature=1.0, n_tasks=128, max_in_flight=32,
                   difficulties=(0, 1, 2, 3), difficulty_n_tasks=16, difficulty_k=4),
         services=dict(enabled=False, backend="local", ray_address=placeholder(str), inflight_updates=True, max_retries=2,
                       eval_every=0, health_check_s=5.0),
@@ -224,7 +225,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.rl = _rl(group_size=2, steps=2, tasks_per_step=2, max_in_flight=4, ckpt_every=1,
                         advantage=dict(k=1),
                         tasks=dict(n_train=4, n_eval=4, n_demo=6), curriculum=dict(upsample_after_step=1),
-                        eval=dict(k=2, n_tasks=4, max_in_flight=8, difficulties=(1,)))
+                        eval=dict(k=2, samples=2, n_tasks=4, max_in_flight=8, difficulties=(1,)))
     else:
         config.rl = _rl()
     if arg == "std_norm":

@@ -60,9 +60,10 @@ def test_more_samples_than_k_are_in_the_command_and_fewer_fail_validation(tmp_pa
     from c2jax.config import ConfigError, validate
 
     cfg = _config("")
+    assert cfg.rl.eval.samples == 16 and cfg.rl.eval.k == 8  # the quickstart's default
+    cfg.rl.eval.samples = None  # unset: k samples per task
     path = write_agent_config(cfg, str(tmp_path))
     plain = eval_command("SUITE", "CKPT", cfg.rl, 0, "OUT", path)
-    assert cfg.rl.eval.samples is None  # unset: k samples per task
     assert "--k 8 --temperature" in plain and "--ks" not in plain
     cfg.rl.eval.k = 4  # overriding k alone still validates (samples follows it)
     validate(cfg, warn=False)

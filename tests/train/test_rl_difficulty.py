@@ -52,3 +52,24 @@ def test_table_and_plot(tmp_path):
                     "| 3 | before | 0.000 | [0.000, 0.000] | 64 | None |"]
     path = rl_difficulty.plot(by_d, str(tmp_path / "p.png"))
     assert os.path.getsize(path) > 1000
+
+
+def test_sweep_samples_difficulty_k_not_eval_samples(monkeypatch, tmp_path):
+    """The sweep evaluates `difficulty_k` samples per task even when `eval.samples` asks the main
+    evaluation for more (16 would quadruple the sweep's time for a pass@1 it does not need)."""
+    import c2jax.train.rl_eval as rl_eval
+    import c2jax.train.rl_family as rl_family
+
+    seen = []
+
+    def fake_evaluate(params, cfg, tok, config, rl, tasks, out_dir, seed):
+        seen.append(rl_eval.eval_samples(rl["eval"]))
+        return {"results": {"overall": {"pass@1": 0.5, "samples": len(tasks) * seen[-1]}}}
+
+    monkeypatch.setattr(rl_eval, "evaluate", fake_evaluate)
+    monkeypatch.setattr(rl_family, "load_split", lambda fam, split: list(range(10)))
+    monkeypatch.setattr(rl_difficulty, "family_for_difficulty", lambda config, rl, d: f"fam{d}")
+    ev = dict(stage_defaults()["eval"], k=8, samples=16, difficulties=(1, 2), difficulty_k=4, difficulty_n_tasks=3)
+    out = rl_difficulty.sweep({"before": None}, None, None, None, {"eval": ev, "tasks": {"difficulty": 0}}, 0,
+                              str(tmp_path))
+    assert seen == [4, 4] and out[1]["before"]["samples"] == 12
