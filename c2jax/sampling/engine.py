@@ -52,7 +52,7 @@ import asyncio
 import collections
 import concurrent.futures
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
 import jax
@@ -64,6 +64,7 @@ from c2jax.model import moe_dense
 from c2jax.model.moe_impls import exact_moe_impls
 from c2jax.sampling.device import compiled
 from c2jax.sampling.forward import init_serving_cache, prepare
+from c2jax.sampling.requests import StreamEvent, SeqState
 from c2jax.sampling.stops import StopMatcher, token_byte_table
 from c2jax.sampling.types import Request, RequestError, Result, SamplingParams, validate_request
 
@@ -108,40 +109,6 @@ def _shapes(params: dict) -> dict:
     return {jax.tree_util.keystr(k): (tuple(v.shape), str(v.dtype)) for k, v in flat}
 
 
-@dataclass
-class StreamEvent:
-    """One generated token of a request (``token`` set) or its completion (``result`` set)."""
-
-    index: int  # position of the request in the call (generate/stream) or submission order
-    request_id: Optional[str]
-    token: Optional[int] = None
-    logprob: Optional[float] = None
-    raw_logprob: Optional[float] = None
-    version: Optional[int] = None
-    result: Optional[Result] = None
-
-
-@dataclass
-class _Seq:
-    index: int
-    req: Request
-    params: SamplingParams
-    prompt: np.ndarray
-    seed: int
-    slot: int = -1
-    gen: list = field(default_factory=list)
-    lps: list = field(default_factory=list)
-    lpr: list = field(default_factory=list)
-    matcher: Optional[StopMatcher] = None
-    next_tok: int = 0
-    draining: bool = False
-    finish_reason: Optional[str] = None
-    stop: Any = None
-    reused: int = 0
-    result: Optional[Result] = None
-    future: Optional[concurrent.futures.Future] = None
-
-
 class Engine:
     """Batched KV-cache generation with logprobs, routed experts and in-flight weight updates."""
 
@@ -168,14 +135,14 @@ class Engine:
         self.row_route_versions = np.zeros((S, T), np.int64)
         self.row_reusable = np.zeros((S,), bool)
         self.row_last_used = np.zeros((S,), np.int64)
-        self.row_seq: list[Optional[_Seq]] = [None] * S
+        self.row_seq: list[Optional[SeqState]] = [None] * S
         # per-slot sampling parameters (device inputs of every decode step)
         self._temp = np.zeros((S,), np.float32)
         self._top_p = np.ones((S,), np.float32)
         self._top_k = np.zeros((S,), np.int32)
         self._seed = np.zeros((S,), np.uint32)
         self._samp_dev: Optional[dict] = None
-        self.queue: collections.deque[_Seq] = collections.deque()
+        self.queue: collections.deque[SeqState] = collections.deque()
         self._tick = 0
         self._n_submitted = 0
         self._seed_rng = np.random.default_rng(config.seed)
@@ -183,9 +150,9 @@ class Engine:
         # The inbox, pending update, loop state and seed draws; never held across device work, so
         # callers on other threads (an event loop submitting a request) do not wait for a step.
         self._wake = threading.Condition(threading.Lock())
-        self._inbox: list[_Seq] = []  # submitted, not yet seen by a step (drained in order)
+        self._inbox: list[SeqState] = []  # submitted, not yet seen by a step (drained in order)
         self._pending: Optional[tuple[dict, int]] = None
-        self._cancelled: collections.deque[_Seq] = collections.deque()  # cancelled while queued
+        self._cancelled: collections.deque[SeqState] = collections.deque()  # cancelled while queued
         self._thread: Optional[threading.Thread] = None
         self._running = False
         self._byte_table = None if tokenizer is None else token_byte_table(tokenizer, model_cfg.vocab_size)
@@ -197,14 +164,14 @@ class Engine:
 
     # ---- public API ------------------------------------------------------------------------
     def add_request(self, req: Request, index: Optional[int] = None,
-                    future: Optional[concurrent.futures.Future] = None) -> _Seq:
+                    future: Optional[concurrent.futures.Future] = None) -> SeqState:
         """Validate and queue one request (thread-safe; does not wait for a running step: the
         next step picks it up). An invalid request finishes at once with ``result.error`` set
         (other requests are unaffected); `future`, if given, resolves to the request's `Result`."""
         with self._wake:
             idx = self._n_submitted if index is None else index
             self._n_submitted += 1
-            seq = _Seq(index=idx, req=req, params=getattr(req, "params", None), prompt=np.zeros((0,), np.int32),
+            seq = SeqState(index=idx, req=req, params=getattr(req, "params", None), prompt=np.zeros((0,), np.int32),
                        seed=0, future=future)
             try:
                 if not isinstance(req, Request):
@@ -236,7 +203,7 @@ class Engine:
         with self._wake:
             self._wake.notify_all()
 
-    def unfinished(self) -> list[_Seq]:
+    def unfinished(self) -> list[SeqState]:
         """Requests submitted and not finished: the inbox, the queue and the running rows (a
         snapshot that takes no step lock, so it also works on an engine whose loop is stuck or dead)."""
         with self._wake:
@@ -386,12 +353,12 @@ class Engine:
                 elif stream:
                     yield ev
 
-    def _event(self, seq: _Seq, **kw) -> StreamEvent:
+    def _event(self, seq: SeqState, **kw) -> StreamEvent:
         ev = StreamEvent(seq.index, seq.req.id, **kw)
         ev._seq_id = id(seq)  # type: ignore[attr-defined]
         return ev
 
-    def _pick_row(self, seq: _Seq, free: list[int]) -> tuple[int, int, int]:
+    def _pick_row(self, seq: SeqState, free: list[int]) -> tuple[int, int, int]:
         """-> (slot, reuse length, source row or -1)."""
         best, src = 0, -1
         if self.config.prefix_reuse:
@@ -468,7 +435,7 @@ class Engine:
         self.row_len[slot] = end
         return int(tok), float(lps), float(lpr)
 
-    def _start(self, seq: _Seq, slot: int, reuse: int, events: list) -> None:
+    def _start(self, seq: SeqState, slot: int, reuse: int, events: list) -> None:
         p = seq.params
         seq.slot, seq.reused = slot, reuse
         self.row_seq[slot] = seq
@@ -484,7 +451,7 @@ class Engine:
         self.stats["reused_tokens"] += reuse
         self._append(seq, tok, lps, lpr, events)
 
-    def _append(self, seq: _Seq, tok: int, lps: float, lpr: float, events: list) -> None:
+    def _append(self, seq: SeqState, tok: int, lps: float, lpr: float, events: list) -> None:
         """Record a newly sampled token of `seq` and decide whether it ends the sequence."""
         slot, p = seq.slot, seq.params
         pos = len(seq.prompt) + len(seq.gen)  # position the token will be fed at
@@ -540,7 +507,7 @@ class Engine:
         self.row_route_versions[s, pos] = self.version
         self.row_len[s] = pos + 1
 
-    def _finish(self, seq: _Seq, events: list) -> None:
+    def _finish(self, seq: SeqState, events: list) -> None:
         s = seq.slot
         n = len(seq.prompt) + len(seq.gen)
         text = None
@@ -565,7 +532,7 @@ class Engine:
         if seq.future is not None and not seq.future.done():  # a caller may have cancelled it
             seq.future.set_result(seq.result)
 
-    def _finish_unstarted(self, seq: _Seq, events: list) -> None:
+    def _finish_unstarted(self, seq: SeqState, events: list) -> None:
         """Result of a request that never got a row (cancelled while queued): its prompt, no tokens."""
         P = len(seq.prompt)
         seq.result = Result(
