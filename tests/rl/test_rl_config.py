@@ -99,7 +99,7 @@ def test_presets_change_what_they_say():
     assert m.get_config("top_entropy").rl.token_filter.name == "top_entropy"
     u = m.get_config("unlikely").rl.rewards
     assert (u.unlikeliness.fn, u.unlikeliness.weight, u.unlikeliness.of) == ("unlikeliness", 0.25, "task")
-    assert m.get_config("default").rl.rewards.unlikeliness.to_dict() == u.unlikeliness.to_dict()
+    assert m.get_config("default").rl.rewards.unlikeliness.to_dict() == dict(u.unlikeliness.to_dict(), weight=0.375)
     assert m.get_config("default").rl.kl.coef == 0.0 and m.get_config("default").rl.kl.estimator == "k1"
 
 
