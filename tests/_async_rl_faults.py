@@ -90,8 +90,8 @@ def kill_engine(handle: Any) -> None:
 
 
 class FaultInjector:
-    """Seeded faults at random moments of a run: after update `at[kind]`, wait a random 0..`jitter_s`
-    seconds, then kill: 'engine' (its thread, `kill_engine`) or 'sandbox' (SIGKILL the bwrap of the
+    """Seeded faults at random moments of a run: after update `at[kind]`, kill 'engine' (its thread,
+    `kill_engine`) after a random 0..`jitter_s` seconds, or 'sandbox' at once (SIGKILL the bwrap of the
     first episode that uses its sandbox within 10 s, a tool call or the final diff, just before). Rollout-worker kills are planned
     up front (`plan_worker_kills` -> `KillableRollout`). `done` counts what was actually killed."""
 
@@ -112,7 +112,12 @@ class FaultInjector:
 
         for kind, at in self.at.items():
             if at == step:
-                t = threading.Thread(target=self._fire, args=(kind, self.rng.uniform(0, self.jitter_s)), daemon=True)
+                delay = self.rng.uniform(0, self.jitter_s)
+                if kind == "sandbox":
+                    # armed at once: the next sandbox use after the update is already a random moment, and
+                    # a delay could outlast every remaining episode of a fast run (the test then saw no kill)
+                    delay = 0.0
+                t = threading.Thread(target=self._fire, args=(kind, delay), daemon=True)
                 t.start()
                 self._threads.append(t)
 
