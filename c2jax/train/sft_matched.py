@@ -6,8 +6,10 @@ held-out pass@1 beats it, the lift is RL's and not just more supervised data.
     python experiments/run.py --config experiments/configs/rl_quickstart.py:sft_matched --workdir runs/sft_matched
 
 Config: ``config.sft_matched = dict(max_wall_s=..., max_steps=..., peak_lr=..., batch_size=...,
-tasks_from=...)``; ``max_wall_s`` should be the RL stage's measured ``time.rl_s`` (training time,
-evaluations excluded).
+tasks_from=..., match_rl_wall=...)``. The control trains for the RL stage's measured time: with
+``match_rl_wall=True`` and ``tasks_from`` naming an RL run, exactly that run's ``time.rl_s`` (RL
+training, evaluations excluded), so a faster RL configuration gives its control less time too;
+otherwise ``max_wall_s`` seconds (the preset's figure, measured on this machine type).
 
 Which demonstrations: those of the tasks the RL stage trains on, no others (RL takes
 ``steps x tasks_per_step`` tasks from a single-epoch stream, not the whole train split):
@@ -30,7 +32,8 @@ import numpy as np
 from c2jax.config import Checker, ConfigError, register_validator, to_plain
 from c2jax.train.stages import STAGES
 
-SFT_MATCHED_DEFAULTS = dict(max_wall_s=600.0, max_steps=100000, peak_lr=3e-4, batch_size=4, tasks_from=None)
+SFT_MATCHED_DEFAULTS = dict(max_wall_s=600.0, max_steps=100000, peak_lr=3e-4, batch_size=4, tasks_from=None,
+                            match_rl_wall=True)
 
 
 def _trained_tasks_path(tasks_from: str) -> str:
@@ -41,18 +44,39 @@ def _trained_tasks_path(tasks_from: str) -> str:
     return os.path.join(tasks_from, "rl", "summary.json")
 
 
-def rl_trained_task_ids(tasks_from: str) -> list[str]:
-    """The ``trained_tasks`` an RL run's summary.json records (ValueError naming the file if absent)."""
+def _rl_summary(tasks_from: str) -> tuple[str, Any]:
     path = _trained_tasks_path(tasks_from)
     try:
         with open(path) as f:
-            d = json.load(f)
+            return path, json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"no RL summary with trained_tasks at {path} ({type(e).__name__})") from None
+
+
+def rl_trained_task_ids(tasks_from: str) -> list[str]:
+    """The ``trained_tasks`` an RL run's summary.json records (ValueError naming the file if absent)."""
+    path, d = _rl_summary(tasks_from)
     ids = d.get("trained_tasks") or (d.get("rl") or {}).get("trained_tasks") if isinstance(d, dict) else None
     if not ids:
         raise ValueError(f"{path} has no trained_tasks (expected an RL run's summary.json)")
     return list(ids)
+
+
+def rl_training_seconds(tasks_from: str) -> float:
+    """The RL stage's measured training time (``time.rl_s`` of its summary.json; ValueError if absent)."""
+    path, d = _rl_summary(tasks_from)
+    d = d if not isinstance(d, dict) or "time" in d else (d.get("rl") or {})  # a workdir's {stage: summary}
+    t = ((d.get("time") or {}) if isinstance(d, dict) else {}).get("rl_s")
+    if not isinstance(t, (int, float)) or not t > 0:
+        raise ValueError(f"{path} has no time.rl_s (the RL stage's training time)")
+    return float(t)
+
+
+def training_budget_s(c: dict) -> tuple[float, str]:
+    """(seconds of SFT, where the figure comes from) for the resolved ``sft_matched`` section."""
+    if c["match_rl_wall"] and c["tasks_from"] is not None:
+        return rl_training_seconds(c["tasks_from"]), f"time.rl_s of {_trained_tasks_path(c['tasks_from'])}"
+    return float(c["max_wall_s"]), "sft_matched.max_wall_s"
 
 
 @register_validator("sft_matched")
@@ -66,14 +90,19 @@ def validate_sft_matched(check: Checker, section: Any, full: Any) -> None:
     check.float_range(c, "peak_lr", 0.0, lo_open=True)
     check.int_range(c, "max_steps", 1)
     check.int_range(c, "batch_size", 1)
+    if not isinstance(c["match_rl_wall"], bool):
+        check.error("match_rl_wall", f"must be True or False, got {c['match_rl_wall']!r}")
     if c["tasks_from"] is not None:
         if not isinstance(c["tasks_from"], str):
             check.error("tasks_from", f"must be None or an RL run's workdir, got {c['tasks_from']!r}")
         else:
             try:
                 rl_trained_task_ids(c["tasks_from"])
+                if c["match_rl_wall"] is True:
+                    rl_training_seconds(c["tasks_from"])
             except ValueError as e:
-                check.error("tasks_from", str(e))
+                check.error("tasks_from", str(e) + ("" if "time.rl_s" not in str(e) else
+                                                    " (or set sft_matched.match_rl_wall=False)"))
 
 
 def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
@@ -92,9 +121,10 @@ def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     if not trajs:
         raise ConfigError([("sft_matched", "no demonstration of the RL stage's train tasks succeeded")])
     sc = dict(resolve(config.get("agent_sft")), batch_size=int(c["batch_size"]))
+    budget_s, budget_from = training_budget_s(c)
     t0 = time.time()
     params, tsum = train_on_demos(params0, cfg, trajs, sc, seed, out_dir, int(c["max_steps"]),
-                                  max_wall_s=float(c["max_wall_s"]),
+                                  max_wall_s=budget_s,
                                   schedule={"name": "constant", "peak_lr": float(c["peak_lr"]), "warmup_steps": 0})
     train_s = time.time() - t0
     params = jax.tree_util.tree_map(np.asarray, params)
@@ -104,8 +134,8 @@ def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     res = after["results"]["overall"]
     k = int(rl["eval"]["k"])
     summary = {"train": tsum, "train_s": train_s, "tasks_from": c["tasks_from"], "rl_tasks": len(wanted),
-               "demonstrated_tasks": len({t.task_id for t in trajs}), "max_wall_s": float(c["max_wall_s"]),
-               "pass_at_1_after": res.get("pass@1"), f"pass_at_{k}_after": res.get(f"pass@{k}"),
+               "demonstrated_tasks": len({t.task_id for t in trajs}), "max_wall_s": budget_s,
+               "max_wall_s_from": budget_from, "pass_at_1_after": res.get("pass@1"), f"pass_at_{k}_after": res.get(f"pass@{k}"),
                "pass_at_1_after_ci": res.get("pass@1_ci95"), "masked_rate_after": res.get("masked_rate"),
                "eval_command": eval_command(fam["dir"], os.path.join(out_dir, "policy_final"), rl, seed, "OUT",
                                              write_agent_config(config, out_dir))}

@@ -84,7 +84,10 @@ VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
 TOYFIX_TOOLS = ["run_terminal_cmd"]
-SFT_MATCHED_WALL_S = 466.0  # the default RL stage's training time (rl.time.rl_s, seed 0, 8 tasks per step: 466 s on generator v4, 483 s on v5)
+# The control's SFT time when it is not matched to a named RL run (sft_matched.tasks_from): the default
+# RL stage's training time (time.rl_s, seed 0: 466 s on generator v4, 483 s on v5, 349-417 s on v5 with
+# 16-sample evaluations on the machine of 2026-12-06).
+SFT_MATCHED_WALL_S = 466.0
 SYSTEM = "You fix bugs in the repository at /workspace with the tools. Read the code, fix it, check it, then stop."
 
 
@@ -297,6 +300,8 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         config.stages = ["cpt", "agent_sft", "sft_matched"]
         # tasks_from=None: the first steps x tasks_per_step tasks of the RL stream's order; an RL run's
         # workdir (--config.sft_matched.tasks_from=runs/rl) takes exactly the tasks that run trained on.
+        # match_rl_wall=True: with tasks_from, train for exactly that run's measured RL time (time.rl_s)
+        # instead of max_wall_s.
         config.sft_matched = dict(max_wall_s=SFT_MATCHED_WALL_S, max_steps=100000, peak_lr=3e-4, batch_size=4,
-                                  tasks_from=placeholder(str))
+                                  tasks_from=placeholder(str), match_rl_wall=True)
     return config
