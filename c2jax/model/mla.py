@@ -27,6 +27,10 @@ from c2jax.model.rope import apply_rope, softmax_scale
 
 CAUSAL_BLOCK = 128  # query block of causal block-skipping in self-attention without a cache
 SPLIT_ROPE_SCORES = False  # True: score = q_nope.k_nope + q_rope.k_rope as two matmuls, no per-head k_rope copy
+# None: all of the batch at once. An int c dividing the batch: attend c rows at a time (lax.map), so a
+# chunk's [c, H, S, T] scores and probabilities (f32) can stay in cache between the matmul, the mask,
+# the softmax and the value matmul instead of streaming the whole batch's through memory each time.
+ATTN_BATCH_CHUNK: Optional[int] = None
 _NEG = -1e30  # masked logit (finite so fully masked padded rows stay NaN-free)
 
 
@@ -80,19 +84,39 @@ def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
         q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # heads-major: [B,H,S|T,*]
     s_len = q.shape[2]
     n = causal_blocks if causal_blocks > 1 and s_len % causal_blocks == 0 else 1
-    blk = s_len // n
+    qr_kr = (qr, k_rope) if SPLIT_ROPE_SCORES else None
+    chunk = ATTN_BATCH_CHUNK
+    b = q.shape[0]
+    if chunk is None or chunk >= b or b % chunk:
+        o = _attend_heads(q, k, v, mask, qr_kr, n, scale, dt)
+    else:
+        # batch chunks one after another: each chunk's scores stay cache-sized (see ATTN_BATCH_CHUNK)
+        mask = jnp.broadcast_to(mask, (b,) + mask.shape[1:])
+        split = lambda t: t.reshape((b // chunk, chunk) + t.shape[1:])  # [B, ...] -> [B/c, c, ...]
+        xs = (split(q), split(k), split(v), split(mask), None if qr_kr is None else tuple(map(split, qr_kr)))
+        o = jax.lax.map(lambda a: _attend_heads(*a[:4], a[4], n, scale, dt), xs)
+        o = o.reshape((b,) + o.shape[2:])
+    return o.transpose(0, 2, 1, 3)  # [B,S,H,v]
+
+
+def _attend_heads(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                  qr_kr: Optional[tuple[jax.Array, jax.Array]], n: int, scale: float, dt) -> jax.Array:
+    """Heads-major q [B,H,S,qk], k [B,H,T,qk], v [B,H,T,v], mask [B,S,T] -> o [B,H,S,v], with the
+    queries in n causal blocks (block i scores keys up to its own end). ``qr_kr`` = (q_rope
+    [B,H,S,rope], k_rope [B,T,rope]) adds the rotary scores as a second matmul (SPLIT_ROPE_SCORES)."""
+    blk = q.shape[2] // n
     outs = []
     for i in range(n):
         hi = k.shape[2] if n == 1 else (i + 1) * blk
         s = jnp.einsum("bhsk,bhtk->bhst", q[:, :, i * blk:(i + 1) * blk], k[:, :, :hi],
                        preferred_element_type=jnp.float32)  # [B,H,blk,hi]
-        if SPLIT_ROPE_SCORES:
-            s = s + jnp.einsum("bhsr,btr->bhst", qr[:, :, i * blk:(i + 1) * blk], k_rope[:, :hi],
+        if qr_kr is not None:
+            qr, kr = qr_kr
+            s = s + jnp.einsum("bhsr,btr->bhst", qr[:, :, i * blk:(i + 1) * blk], kr[:, :hi],
                                preferred_element_type=jnp.float32)  # [B,H,blk,hi]
         prob = _softmax(s * scale, mask[:, i * blk:(i + 1) * blk, :hi]).astype(dt)
         outs.append(jnp.einsum("bhst,bhtv->bhsv", prob, v[:, :, :hi]))
-    o = outs[0] if n == 1 else jnp.concatenate(outs, axis=2)
-    return o.transpose(0, 2, 1, 3)  # [B,S,H,v]
+    return outs[0] if n == 1 else jnp.concatenate(outs, axis=2)
 
 
 def attend_absorbed(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Array, k_rope: jax.Array,
