@@ -87,7 +87,10 @@ VARIANTS = {
     # the default's IQR 1.831-1.934), 1.909 s split-rope (+2.5%): neither is the default.
     "unroll": ("c2jax.model.transformer", "SCAN_UNROLL", True),  # layer loops as straight-line code
     "split-rope": ("c2jax.model.mla", "SPLIT_ROPE_SCORES", True),  # no per-head copy of the rotary key
-    # attention's scores/softmax for 1 or 2 batch rows at a time (lax.map): a cache-sized working set
+    # attention's scores/softmax for 1 or 2 batch rows at a time (lax.map): a cache-sized working set.
+    # `--rows jax-dropless,jax-dropless@batch-chunk-1,jax-dropless@batch-chunk-2,torch --modes interleaved
+    # --repeats 7` on an idle machine (2026-12-06): medians 2.140 s default, 2.247 s chunk-1, 2.157 s
+    # chunk-2 (torch 1.914 s): not faster, so not the default.
     "batch-chunk-1": ("c2jax.model.mla", "ATTN_BATCH_CHUNK", 1),
     "batch-chunk-2": ("c2jax.model.mla", "ATTN_BATCH_CHUNK", 2),
 }
