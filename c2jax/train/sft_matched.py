@@ -65,8 +65,9 @@ def rl_trained_task_ids(tasks_from: str) -> list[str]:
 def rl_training_seconds(tasks_from: str) -> float:
     """The RL stage's measured training time (``time.rl_s`` of its summary.json; ValueError if absent)."""
     path, d = _rl_summary(tasks_from)
-    d = d if not isinstance(d, dict) or "time" in d else (d.get("rl") or {})  # a workdir's {stage: summary}
-    t = ((d.get("time") or {}) if isinstance(d, dict) else {}).get("rl_s")
+    if isinstance(d, dict) and "time" not in d:
+        d = d.get("rl")  # a workdir's {stage: summary}
+    t = (d.get("time") or {}).get("rl_s") if isinstance(d, dict) else None
     if not isinstance(t, (int, float)) or not t > 0:
         raise ValueError(f"{path} has no time.rl_s (the RL stage's training time)")
     return float(t)
@@ -98,11 +99,14 @@ def validate_sft_matched(check: Checker, section: Any, full: Any) -> None:
         else:
             try:
                 rl_trained_task_ids(c["tasks_from"])
-                if c["match_rl_wall"] is True:
-                    rl_training_seconds(c["tasks_from"])
             except ValueError as e:
-                check.error("tasks_from", str(e) + ("" if "time.rl_s" not in str(e) else
-                                                    " (or set sft_matched.match_rl_wall=False)"))
+                check.error("tasks_from", str(e))
+            else:
+                if c["match_rl_wall"] is True:
+                    try:
+                        rl_training_seconds(c["tasks_from"])
+                    except ValueError as e:
+                        check.error("tasks_from", f"{e} (or set sft_matched.match_rl_wall=False)")
 
 
 def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
