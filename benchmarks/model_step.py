@@ -93,6 +93,9 @@ VARIANTS = {
     # chunk-2 (torch 1.914 s): not faster, so not the default.
     "batch-chunk-1": ("c2jax.model.mla", "ATTN_BATCH_CHUNK", 1),
     "batch-chunk-2": ("c2jax.model.mla", "ATTN_BATCH_CHUNK", 2),
+    # the routed experts' tiles as one batched matmul over per-tile gathered weights (the default
+    # before 2026-12-06) instead of a scan over tiles (moe_impls.TILE_LOOP, c2jax/model/moe_tile_scan.py)
+    "tile-batched": ("c2jax.model.moe_impls", "TILE_LOOP", "batched"),
 }
 
 

@@ -112,11 +112,11 @@ def component(chain: Sequence[tuple[str, str]], kind: str = "matmul") -> str:
             return "norms"
         if fl == "moe_router.py":
             return "router"
-        if fl in ("moe_impls.py", "expert_matmul.py", "moe_dense.py"):
+        if fl in ("moe_impls.py", "moe_tile_scan.py", "expert_matmul.py", "moe_dense.py"):
             return "MoE routed experts"
         if fn == "swiglu_mlp":
             return "MoE shared experts" if "moe_block" in funcs else "dense MLP"
-        if fl == "mla.py" and fn in ("attend_expanded", "attend_absorbed", "_softmax"):
+        if fl == "mla.py" and fn in ("attend_expanded", "_attend_heads", "attend_absorbed", "_softmax"):
             return "attention scores+softmax"
         if fl in ("mla.py", "rope.py"):
             return "attention proj+RoPE"

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from typing import TYPE_CHECKING
 
 from c2jax.model.expert_matmul import XLA_PRECISIONS, batched_expert_matmul, expert_matmul
+from c2jax.model.moe_tile_scan import tile_scan_swiglu
 from c2jax.model.moe_dense import NAME as SAMPLER_DENSE, dense_all_experts_moe
 from c2jax.registry import Registry
 
@@ -90,6 +91,12 @@ def _tile_rows(n_assign: int, n_experts: int) -> int:
 # True = `_tile_matmul` below; False = autodiff through the per-tile weight gather (which keeps
 # the gathered [tiles, K, F] weights of every layer as residuals for the backward).
 TILED_CUSTOM_VJP = True
+
+# How the tiled path runs its tiles (read at trace time; A/B row jax-dropless@tile-batched of
+# benchmarks/model_step.py): 'scan' = `moe_tile_scan.tile_scan_swiglu` (one tile at a time, each
+# slicing its expert's weights; f32 only), 'batched' = one batched matmul over per-tile gathered
+# weights (`_tiles_times_experts`).
+TILE_LOOP = "scan"
 
 
 @jax.custom_vjp
@@ -144,6 +151,9 @@ def _tiled_swiglu(p: dict, x: jax.Array, order, token, sizes, inverse, n_experts
                               n_experts - 1)
     x_pad = jnp.concatenate([x, jnp.zeros((1, d), x.dtype)], axis=0)
     buf = x_pad[row_token].reshape(n_tiles, tile, d)
+    if TILE_LOOP == "scan" and precision == "f32":
+        out = tile_scan_swiglu(p["gate_proj"], p["up_proj"], p["down_proj"], buf, tile_expert)
+        return out.reshape(n_tiles * tile, d)[row]
     g = _tiles_times_experts(buf, p["gate_proj"], tile_expert, precision)
     u = _tiles_times_experts(buf, p["up_proj"], tile_expert, precision)
     out = _tiles_times_experts(jax.nn.silu(g) * u, p["down_proj"], tile_expert, precision)

@@ -50,6 +50,8 @@ def test_component_rules():
     assert c([("transformer.py", "apply")], "gather") == "embed+LM head"
     assert c([("transformer.py", "apply")], "transpose/copy") == "layer loop+apply glue"
     assert c([("model_step.py", "loss")]) == "loss/other"
+    assert c([("mla.py", "_attend_heads"), ("mla.py", "attend_expanded")]) == "attention scores+softmax"
+    assert c([("moe_tile_scan.py", "_forward.<locals>.body"), ("moe_impls.py", "_tiled_swiglu")]) == "MoE routed experts"
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +80,27 @@ def test_profile_counts_each_thunk_once(tiny_step):
     assert sum(s for s, *_ in prof["by_kind"]) == pytest.approx(1.0)
     assert not any(name.startswith(("while", "conditional", "call.")) for _, _, name, *_ in prof["top"])
     assert {w for *_, w in prof["by_component"]} <= set(xla_profile.WORK.values())
+
+
+
+def test_attention_score_and_value_matmuls_count_as_scores():
+    """Every matmul of `mla.attend_expanded` (fwd+bwd: the kv_b up-projection, q.k and p.v in
+    `_attend_heads`) lands in "attention scores+softmax". A helper renamed in mla.py once moved q.k
+    and p.v into the projections silently, and the profile then showed those at a fifth of peak."""
+    from c2jax.model import mla
+
+    cfg = preset("tiny")
+    a, b, s, h = cfg.attention, 2, 256, cfg.num_heads
+    ks = jax.random.split(jax.random.key(0), 5)
+    args = (jax.random.normal(ks[0], (a.kv_lora_rank, h, a.qk_nope_head_dim + a.v_head_dim)),
+            jax.random.normal(ks[1], (b, s, h, a.qk_nope_head_dim)), jax.random.normal(ks[2], (b, s, h, a.qk_rope_head_dim)),
+            jax.random.normal(ks[3], (b, s, a.kv_lora_rank)), jax.random.normal(ks[4], (b, s, a.qk_rope_head_dim)))
+    mask = jnp.tril(jnp.ones((s, s), bool))[None]
+
+    def f(w, qn, qr, c, kr):
+        return jnp.sum(mla.attend_expanded({"kv_b_proj": {"kernel": w}}, qn, qr, c, kr, mask, cfg, causal_blocks=2) ** 2)
+
+    ins = xla_profile.parse_hlo(jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4))).lower(*args).compile().as_text())
+    mm = [i for i in ins.values() if i["kind"] == "matmul"]
+    assert sum(any(fr == ("mla.py", "_attend_heads") for fr in i["stack"]) for i in mm) >= 4, mm  # q.k, p.v fwd+bwd
+    assert {i["component"] for i in mm} == {"attention scores+softmax"}, {(i["shape"], i["component"]) for i in mm}

@@ -1,6 +1,8 @@
-"""The tiled dropless MoE's custom VJP (`moe_impls.TILED_CUSTOM_VJP`: re-gathers the tile weights in the
-backward, segment-sums per-tile weight gradients) gives the same values and gradients as autodiff
-through the weight gather."""
+"""The tiled dropless MoE's two tile loops give the same values and gradients as autodiff through the
+per-tile weight gather: the batched custom VJP (`moe_impls.TILED_CUSTOM_VJP`: re-gathers the tile
+weights in the backward, segment-sums per-tile weight gradients) and the scan over tiles
+(`moe_impls.TILE_LOOP = "scan"`, `c2jax/model/moe_tile_scan.py`: per-tile weight slices, gradients
+added into each expert in the loop)."""
 from __future__ import annotations
 
 import jax
@@ -24,10 +26,11 @@ def _setup():
     return m, p, x, idx, w
 
 
-def _value_and_grads(monkeypatch, lowering: str, custom_vjp: bool):
+def _value_and_grads(monkeypatch, lowering: str, custom_vjp: bool, tile_loop: str = "batched"):
     m, p, x, idx, w = _setup()
     monkeypatch.setattr(moe_impls, "DROPLESS_LOWERING", lowering)
     monkeypatch.setattr(moe_impls, "TILED_CUSTOM_VJP", custom_vjp)
+    monkeypatch.setattr(moe_impls, "TILE_LOOP", tile_loop)
 
     def loss(p, x):
         y, _ = moe_impls.dropless_moe(p, x, idx, w, m)
@@ -42,3 +45,21 @@ def test_tile_custom_vjp_equals_autodiff(monkeypatch):
     for a, b in zip(ours, gather):  # (tiled vs ragged_dot: covered by the model core tests)
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
     assert float(jnp.abs(ours_tree[1][0]["down_proj"][7]).max()) > 0  # a second-choice-only expert gets gradient
+
+
+def test_tile_scan_equals_autodiff_through_the_gather(monkeypatch):
+    ours_tree = _value_and_grads(monkeypatch, "tiled", True, "scan")
+    gather = jax.tree.leaves(_value_and_grads(monkeypatch, "tiled", False, "batched"))
+    for a, b in zip(jax.tree.leaves(ours_tree), gather):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+    assert float(jnp.abs(ours_tree[1][0]["gate_proj"][7]).max()) > 0  # a second-choice-only expert gets gradient
+    ragged = jax.tree.leaves(_value_and_grads(monkeypatch, "ragged", True, "scan"))  # no tiles at all
+    for a, b in zip(jax.tree.leaves(ours_tree), ragged):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_tile_scan_is_what_the_tiled_path_runs_by_default():
+    """The default tiled path traces the scan, not the batched per-tile weight gather."""
+    m, p, x, idx, w = _setup()
+    jaxpr = str(jax.make_jaxpr(lambda p, x: moe_impls.dropless_moe(p, x, idx, w, m)[0])(p, x))
+    assert "tile_scan_swiglu" in jaxpr and "_tile_matmul" not in jaxpr
