@@ -49,7 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=4, help="RL steps per study cell")
     ap.add_argument("--ab-steps", type=int, default=6, help="RL steps per A/B arm (0 = skip the A/B)")
     ap.add_argument("--workdir", default=os.path.join("runs", "bench", "weight_deltas_rl"))
-    ap.add_argument("--extra", action="append", default=[], help="extra --config.KEY=VALUE for every run")
+    ap.add_argument("--extra", action="append", default=[],
+                    help="extra --config.KEY=VALUE for every run, written --extra=--config.KEY=VALUE "
+                         "(argparse reads a separate value starting with -- as an option)")
     ap.add_argument("--out", default=os.path.join("runs", "bench", "weight_deltas_rl.json"))
     args = ap.parse_args(argv)
     bad = [o for o in args.optimizers.split(",") if o not in ("adamw", "muon")]

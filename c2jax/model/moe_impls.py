@@ -9,12 +9,16 @@ where ``p_experts`` is the ``moe/experts`` params ({gate_proj, up_proj} [E, D, F
 * ``dropless`` (reference; parity tests and decode): sort the N*k assignments by expert and run
   the grouped SwiGLU over the contiguous groups. Exact. Two lowerings (`DROPLESS_LOWERING`):
   `jax.lax.ragged_dot` (on CPU it costs about as much as running every expert on every token),
-  or "tiled": each group padded to a multiple of a tile, one batched matmul over tiles with
-  per-tile gathered expert weights (at most N*k + E*(tile-1) rows; ~4x faster on CPU for the
+  or "tiled": each group padded to a multiple of a tile, so that every tile belongs to one expert
+  (at most N*k + E*(tile-1) rows; ~4x faster on CPU for the
   small preset: ``python benchmarks/model_step.py --rows jax-dropless,jax-dropless@ragged
-  --modes interleaved`` prints both). Its f32 tile matmuls have a custom VJP that re-gathers the
-  tile weights in the backward instead of keeping the gathered copies (`TILED_CUSTOM_VJP`).
-  'auto' takes tiled on CPU when the gathered weights stay under 512 MiB.
+  --modes interleaved`` prints both). In f32 the tiles run as a scan, one tile at a time with its
+  expert's weight slices and the weight gradients added into their experts inside the backward loop
+  (`TILE_LOOP = "scan"`, `moe_tile_scan.py`); `TILE_LOOP = "batched"` runs them as one batched
+  matmul over per-tile gathered weights, whose custom VJP re-gathers the tile weights in the
+  backward instead of keeping the gathered copies (`TILED_CUSTOM_VJP`).
+  'auto' takes tiled on CPU (with the batched loop only while its gathered weights stay under
+  512 MiB; the scan gathers nothing).
 * ``capacity`` (training on CPU): each expert gets a fixed buffer of
   ``C = min(N, ceil(capacity_factor * N * k / E))`` rows; assignments are placed by a stable sort
   (all first choices before second choices, earlier tokens first); overflow is dropped (its
@@ -165,6 +169,8 @@ def _use_tiled(p: dict, n_assign: int, n_experts: int, precision: str) -> bool:
         return DROPLESS_LOWERING == "tiled"
     if precision not in XLA_PRECISIONS or jax.default_backend() != "cpu":
         return False
+    if TILE_LOOP == "scan" and precision == "f32":
+        return True  # one tile's weight slices at a time: no gathered copy to bound
     n_tiles = -(-n_assign // _tile_rows(n_assign, n_experts)) + n_experts
     per_tile = sum(int(math.prod(p[k].shape[1:])) * p[k].dtype.itemsize for k in ("gate_proj", "up_proj", "down_proj"))
     return n_tiles * per_tile <= _TILED_MAX_BYTES

@@ -35,9 +35,9 @@ def test_bad_arguments_are_refused(argv, capsys):
 def test_smoke_study_and_ab_on_the_real_rl_stage(tmp_path):
     cache = tmp_path / "cache"
     res = _bench().main(["--config", os.path.join(REPO_ROOT, "experiments", "configs", "rl_quickstart.py:smoke"),
-                         "--lrs", "1e-3", "--steps", "2", "--ab-steps", "2", "--workdir", str(tmp_path / "w"),
-                         "--out", str(tmp_path / "r.json"), "--extra", f"--config.build.dir={cache}",
-                         "--extra", f"--config.data.dir={cache / 'data'}"])
+                         "--lrs", "1e-3", "--steps", "3", "--ab-steps", "2", "--workdir", str(tmp_path / "w"),
+                         "--out", str(tmp_path / "r.json"), f"--extra=--config.build.dir={cache}",
+                         f"--extra=--config.data.dir={cache / 'data'}"])
     assert [c["optimizer"] for c in res["study"]] == ["adamw", "muon"]
     for cell in res["study"]:
         assert cell["delta_steps"] >= 1

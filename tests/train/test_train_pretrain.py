@@ -176,7 +176,7 @@ def test_real_pipeline_kill_9_resume_is_bit_exact(data, tmp_path):
     cfg_file = tmp_path / "cfg.py"
     cfg_file.write_text(
         "import sys\n"
-        f"sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\n"
+        f"sys.path[:0] = [{os.path.join(ROOT, 'tests')!r}, {os.path.dirname(os.path.abspath(__file__))!r}]\n"
         "from test_train_pretrain import make_config\n"
         "from _data_common import fake_data_config\n"
         f"def get_config(arg=''):\n"
