@@ -37,7 +37,8 @@ def test_smoke_study_and_ab_on_the_real_rl_stage(tmp_path):
     res = _bench().main(["--config", os.path.join(REPO_ROOT, "experiments", "configs", "rl_quickstart.py:smoke"),
                          "--lrs", "1e-3", "--steps", "3", "--ab-steps", "2", "--workdir", str(tmp_path / "w"),
                          "--out", str(tmp_path / "r.json"), f"--extra=--config.build.dir={cache}",
-                         f"--extra=--config.data.dir={cache / 'data'}"])
+                         f"--extra=--config.data.dir={cache / 'data'}",
+                         "--extra=--config.rl.tasks.n_train=6"])  # 3 steps x 2 tasks: step 3 is the first delta
     assert [c["optimizer"] for c in res["study"]] == ["adamw", "muon"]
     for cell in res["study"]:
         assert cell["delta_steps"] >= 1
