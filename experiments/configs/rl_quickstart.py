@@ -85,9 +85,10 @@ VOCAB = 4096
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
 TOYFIX_TOOLS = ["run_terminal_cmd"]
 # The control's SFT time when it is not matched to a named RL run (sft_matched.tasks_from): the default
-# RL stage's training time (time.rl_s, seed 0: 466 s on generator v4, 483 s on v5, 349-417 s on v5 with
-# 16-sample evaluations on the machine of 2026-12-06).
-SFT_MATCHED_WALL_S = 466.0
+# RL stage's training time (time.rl_s, seed 0: 466 s on generator v4, 483 s on v5, 349-432 s on v5 with
+# 16-sample evaluations on the machine of 2026-12-06; 391 s on seed 1, idle, once the learner's routed
+# experts ran as a tile scan, `runs/d22_s1` in docs/rl_experiments.md).
+SFT_MATCHED_WALL_S = 391.0
 SYSTEM = "You fix bugs in the repository at /workspace with the tools. Read the code, fix it, check it, then stop."
 
 
