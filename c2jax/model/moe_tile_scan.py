@@ -11,7 +11,8 @@ same order per tile, so the result equals the batched form up to f32 summation o
 
 Why: on CPU the batched form's gathers and per-tile gradients are memory traffic the matmuls wait on
 (`python benchmarks/model_step.py --rows jax-dropless,jax-dropless@tile-batched --modes interleaved`
-times both lowerings of the whole step).
+times both lowerings of the whole step: on the idle 2-core machine of 2026-12-06, 1.856 s with the
+scan against 2.058 s batched for the `small` preset's fwd+bwd, batch 8 x 512).
 """
 from __future__ import annotations
 
