@@ -31,24 +31,26 @@ def tile_scan_swiglu(w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, buf:
                      tile_expert: jax.Array) -> jax.Array:
     """buf [T, R, D] (tile t's rows all go to expert tile_expert[t]); w_gate/w_up [E, D, F],
     w_down [E, F, D] -> [T, R, D] = (silu(x W_g[e]) * (x W_u[e])) W_d[e] per tile, in buf.dtype."""
-    return _forward(w_gate, w_up, w_down, buf, tile_expert)[0]
+    return _forward(w_gate, w_up, w_down, buf, tile_expert, keep=False)[0]
 
 
-def _forward(w_gate, w_up, w_down, buf, tile_expert):
+def _forward(w_gate, w_up, w_down, buf, tile_expert, keep: bool):
+    """The tile scan; with `keep` also the per-tile gate/up activations [T, R, F] the backward needs
+    (without it, a forward-only call writes no residuals)."""
     dt = buf.dtype
 
     def body(_, xs):
         x, e = xs  # [R, D], expert id
         g = x @ w_gate[e].astype(dt)  # [R, F]
         u = x @ w_up[e].astype(dt)  # [R, F]
-        return None, ((jax.nn.silu(g) * u) @ w_down[e].astype(dt), g, u)  # [R, D], [R, F], [R, F]
+        y = (jax.nn.silu(g) * u) @ w_down[e].astype(dt)  # [R, D]
+        return None, (y, g, u) if keep else (y,)
 
-    y, g, u = jax.lax.scan(body, None, (buf, tile_expert))[1]
-    return y, g, u
+    return jax.lax.scan(body, None, (buf, tile_expert))[1]
 
 
 def _fwd(w_gate, w_up, w_down, buf, tile_expert):
-    y, g, u = _forward(w_gate, w_up, w_down, buf, tile_expert)
+    y, g, u = _forward(w_gate, w_up, w_down, buf, tile_expert, keep=True)
     return y, (w_gate, w_up, w_down, buf, tile_expert, g, u)
 
 
