@@ -82,6 +82,8 @@ VARIANTS = {
     # 2.0 / 3.7 / 5.9 s): neither faster, so neither is the default; re-measure on an idle machine.
     "tile-256": ("c2jax.model.moe_impls", "TILE_ROWS", 256),  # fewer, larger expert tiles
     "causal-block-256": ("c2jax.model.mla", "CAUSAL_BLOCK", 256),  # fewer, larger attention blocks
+    # no causal block skipping: one [S, S] score block per head, masked (what PyTorch's SDPA math path does)
+    "causal-block-off": ("c2jax.model.mla", "CAUSAL_BLOCK", 1 << 30),
     # `--rows jax-dropless,jax-dropless@unroll,jax-dropless@split-rope --modes interleaved --repeats 7`
     # on an idle machine (2026-12-05; batch 8 x 512): medians 1.863 s default, 1.826 s unroll (-2%, inside
     # the default's IQR 1.831-1.934), 1.909 s split-rope (+2.5%): neither is the default.

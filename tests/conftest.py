@@ -17,8 +17,15 @@ import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
-if not os.environ.get("C2JAX_ENVS_DIR"):
-    _ENVS_DIR = tempfile.mkdtemp(prefix="c2jax_test_envs_")
+# Under pytest-xdist (the README's test command runs two workers) each worker gets its own directory
+# inside the one the controller made: tests assert that their sandboxes are gone afterwards, which a
+# listing shared with the other worker's live sandboxes would contradict.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if not os.environ.get("C2JAX_ENVS_DIR") or _WORKER:
+    _parent = os.environ.get("C2JAX_ENVS_DIR") if _WORKER else None
+    if _parent:
+        os.makedirs(_parent, exist_ok=True)
+    _ENVS_DIR = tempfile.mkdtemp(prefix=f"c2jax_test_envs_{_WORKER or ''}", dir=_parent)
     os.environ["C2JAX_ENVS_DIR"] = _ENVS_DIR
 
     @atexit.register
@@ -37,6 +44,31 @@ def pytest_configure(config) -> None:
                             "problem None = available (tests/_envs_common.py)")
     config.addinivalue_line("markers", "reference_required(problem): the test needs the torch extra; "
                             "problem None = installed (tests/_reference_imports.py)")
+
+
+# Test files that take minutes on 2 cores (compiling learners, sharded steps, end-to-end stages), in
+# about the order of their cost. They are collected first so that pytest-xdist (`--dist loadfile`
+# hands out whole files in collection order) starts them early instead of leaving one worker alone
+# with them at the end. Order only: every test still runs, and none depends on another's order.
+HEAVY_FIRST = (
+    "tests/train/test_rl_step_exact.py", "tests/train/test_rl_smoke.py",
+    "tests/model/parallel/test_sharding_train.py", "tests/model/parallel/test_sharding_model.py",
+    "tests/train/async_rl/test_async_rl_exact.py", "tests/train/async_rl/test_async_rl_faults.py",
+    "tests/train/test_train_loop.py", "tests/train/test_rl_optimizer.py", "tests/envs/test_grading_tamper.py",
+    "tests/bench/test_bench_materialize.py", "tests/benchmarks/test_benchmark_sampling.py",
+    "tests/experiments/test_model_smoke_run.py", "tests/serve/test_serve_openai.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    root = str(config.rootpath)
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+
+    def key(item) -> int:
+        rel = os.path.relpath(str(item.path), root)
+        return rank.get(rel, len(HEAVY_FIRST))
+
+    items.sort(key=key)  # stable: the rest keep their order
 
 
 def pytest_runtest_setup(item) -> None:

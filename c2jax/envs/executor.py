@@ -128,6 +128,7 @@ class CommandRun:
         self.cond = threading.Condition()
         self.done = False
         self.stdin_fd: int | None = None
+        self._stdin_lock = threading.Lock()
         self.consume = False  # set by Process.read(consume=True) users such as ShellSession
         os.mkdir(self.dir)
         script = _command_script(cmd, env, cwd, lim)
@@ -175,9 +176,14 @@ class CommandRun:
             view = view[os.write(self.stdin_fd, view):]
 
     def close_stdin(self) -> None:
-        if self.stdin_fd is not None:
-            os.close(self.stdin_fd)
-            self.stdin_fd = None
+        # Called by the caller's thread (Process.close_stdin) and by the pump thread when the command
+        # ends (_close_fds): take the fd under the lock so exactly one of them closes it. Without it
+        # both could pass the None check and close twice: EBADF in the pump (surfaced by wait()), or,
+        # had another thread reused the number in between, an unrelated file closed.
+        with self._stdin_lock:
+            fd, self.stdin_fd = self.stdin_fd, None
+        if fd is not None:
+            os.close(fd)
 
     # ---- the pump ----
     def _kill(self, reason: str) -> None:

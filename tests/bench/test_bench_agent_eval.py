@@ -404,8 +404,10 @@ def test_cli_run_twice_and_compare(ckpt, repo_env, tmp_path, capsys):
     orc = str(tmp_path / "oracle")
     assert main(["run", "--suite", str(suite), "--policy", "oracle", "--k", "2", "--no-materialize", "--out", orc]) == 0
     capsys.readouterr()
-    assert main(["compare", outs[0], outs[1], "--k", "1,2,8"]) == 0
-    cmp = json.load(open(os.path.join(outs[1], "compare.json")))
+    before_b = sorted(os.listdir(outs[1]))
+    assert main(["compare", outs[0], outs[1], "--k", "1,2,8", "--out", str(tmp_path / "cmp01.json")]) == 0
+    assert sorted(os.listdir(outs[1])) == before_b  # a run directory is never written into
+    cmp = json.load(open(tmp_path / "cmp01.json"))
     assert cmp["diffs"]["pass@1"] == {**cmp["diffs"]["pass@1"], "mean": 0.0, "lo": 0.0, "hi": 0.0}
     assert cmp["skipped_ks"] == [8] and "pass@2" in cmp["diffs"]
     out_json = str(tmp_path / "cmp.json")
