@@ -3,7 +3,7 @@ file would silently drop back to its alphabetical place and leave one worker alo
 import os
 
 from _paths import REPO_ROOT
-from conftest import HEAVY_FIRST
+from _heavy_first import HEAVY_FIRST
 
 
 def test_heavy_first_files_exist():

@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", default="1,8", help="comma-separated ks (ks above the samples per task are skipped)")
     p.add_argument("--n-boot", type=int, default=10000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="also write the comparison to this JSON file (default: print only; a run directory is a record and is never written into)")
+    p.add_argument("--out", default=None, help="also write the comparison to this JSON file (default: print "
+                                               "only; a run directory is a record and is never written into)")
     p = sub.add_parser("pool", help="paired bootstrap pooled over (A, B) pairs on the same tasks (one per seed)")
     p.add_argument("runs", nargs="+", help="A1 B1 [A2 B2 ...]: --out directories or results.json files "
                                            "(RUN+RUN2 merges the samples of two seeds of one policy)")
