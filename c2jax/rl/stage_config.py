@@ -59,8 +59,9 @@ RL_STAGE_DEFAULTS: dict[str, Any] = dict(
     # weight, so the common fix's groups do not outvote the rare ones)
     task_weights=dict(by="none", power=1.0),
     # The learnable task family (c2jax.envs.synth.toyfix) built for the stage (cached).
+    # ambiguous = q in (0, 1): the imitation-gap variant (difficulty 0; c2jax.envs.synth.toyfix); 0.0: off
     tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=64, n_demo=256, seed=0, docstrings=False,
-               repro=False),
+               repro=False, ambiguous=0.0),
     # Held-out evaluation before and after RL (same command both times), and pass@1 against the
     # family's difficulty knob (c2jax.train.rl_difficulty: `difficulty_n_tasks` held-out tasks x
     # `difficulty_k` samples at each of `difficulties`; the configured difficulty reuses the main rows).
@@ -247,6 +248,12 @@ def validate_rl_stage(check: Any, raw: Mapping[str, Any], full: Any = None) -> N
     for k in ("docstrings", "repro"):
         if not isinstance(tasks.get(k), bool):
             check.error(f"tasks.{k}", f"must be a bool, got {tasks.get(k)!r}")
+    amb = tasks.get("ambiguous")
+    if isinstance(amb, bool) or not isinstance(amb, (int, float)) or not (amb == 0 or 0.0 < amb < 1.0):
+        check.error("tasks.ambiguous", f"must be 0.0 (off) or a probability strictly between 0 and 1, got {amb!r}")
+    elif amb and (tasks.get("difficulty") != 0 or tasks.get("docstrings")):
+        check.error("tasks.ambiguous", f"the imitation-gap variant needs tasks.difficulty=0 and no docstrings, got "
+                                       f"difficulty {tasks.get('difficulty')!r}, docstrings {tasks.get('docstrings')!r}")
     ev = dict(c["eval"])
     _sub(check, "eval", ev, d["eval"])
     if not isinstance(ev.get("enabled"), bool):

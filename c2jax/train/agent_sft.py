@@ -70,6 +70,11 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     # kind has as many as the most common one), so the cold start gives every kind some probability,
     # which is what RL needs to lift best-of-k on it (docs/rl_experiments.md)
     balance="none",
+    # Where SFT starts: "previous" (the previous stage's checkpoint, e.g. CPT), "ckpt:DIR" (a checkpoint
+    # directory of this model config) or "run:WORKDIR" (the cold start a finished experiments/run.py run
+    # trained: its summary.json's agent_sft build directory), e.g. to fine-tune a converged cold start on
+    # another family (preset `imitation_gap` of rl_quickstart)
+    init_from="previous",
 )
 BALANCE_MODES = ("none", "kind")
 
@@ -105,6 +110,10 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     if not isinstance(c["fit_rows"], bool):
         check.error("fit_rows", f"must be True or False, got {c['fit_rows']!r}")
     check.float_range(c, "synth_code_drill_share", 0.0, 1.0)
+    try:
+        init_checkpoint_dir(c["init_from"])
+    except ValueError as e:
+        check.error("init_from", str(e))
     # the expert's tools must be enabled in the harness (else every demonstration fails mid-episode)
     need = {"read_replace": {"read_file", "search_replace"}}.get(c["demo_style"], {"run_terminal_cmd"})
     agent = dict(to_plain(full.get("agent") if full is not None else None) or {})
@@ -112,6 +121,30 @@ def validate_agent_sft(check: Checker, section: Any, full: Any) -> None:
     if enabled is not None and not need <= set(enabled):
         check.error("demo_style", f"{c['demo_style']!r} demonstrations call {sorted(need)}; "
                                   f"agent.tools.enabled is {list(enabled)}")
+
+
+def init_checkpoint_dir(init_from: Any) -> str | None:
+    """The checkpoint directory `agent_sft.init_from` names (None for "previous"); ValueError saying
+    what is wrong otherwise (checked by the validator, so a bad value fails before any compute)."""
+    if init_from == "previous":
+        return None
+    kind, _, path = str(init_from).partition(":")
+    if kind not in ("ckpt", "run") or not path or not isinstance(init_from, str):
+        raise ValueError(f"must be 'previous', 'ckpt:DIR' or 'run:WORKDIR', got {init_from!r}")
+    if kind == "ckpt":
+        if not os.path.isdir(path):
+            raise ValueError(f"checkpoint directory {path} does not exist")
+        return os.path.abspath(path)
+    summary = os.path.join(path, "summary.json")
+    try:
+        with open(summary) as f:
+            build_dir = (json.load(f).get("agent_sft") or {}).get("build_dir")
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{summary} is not a finished run's summary ({e})") from None
+    ckpt = os.path.join(build_dir or path, "agent_sft", "checkpoints")  # run_agent_sft's layout
+    if not os.path.isdir(ckpt):
+        raise ValueError(f"run {path} records no agent_sft checkpoint ({ckpt} does not exist)")
+    return os.path.abspath(ckpt)
 
 
 def demo_trajectories(config: Any, fam: dict, tokenizer: Any, split: str, max_demos: int,
@@ -330,6 +363,16 @@ def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     if got is None:
         raise ConfigError([("agent_sft", f"no usable checkpoint in {prev['checkpoint_dir']}")])
     params = jax.tree_util.tree_map(np.asarray, got[1])
+    start_dir = init_checkpoint_dir(c["init_from"])
+    if start_dir is not None:  # another cold start to fine-tune: same parameter tree as the previous stage's
+        other = Checkpointer(start_dir).restore_params()
+        if other is None:
+            raise ConfigError([("agent_sft.init_from", f"no usable checkpoint in {start_dir}")])
+        other_params = jax.tree_util.tree_map(np.asarray, other[1])
+        shapes = lambda t: jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype)), t)  # noqa: E731
+        if shapes(other_params) != shapes(params):
+            raise ConfigError([("agent_sft.init_from", f"{start_dir}: parameter tree differs from config.model's")])
+        params = other_params
     t0 = time.time()
     fam = ensure_family(config)
     trajs = demo_trajectories(config, fam, tokenizer, c["split"], int(c["max_demos"]), style=c["demo_style"])
@@ -348,6 +391,7 @@ def run_agent_sft(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     params, summary = train_on_demos(params, cfg, trajs, c, int(config.get("seed", 0)), out_dir, int(c["steps"]))
     summary.update(warm)
     summary["demo_build_s"] = build_s
+    summary["init_from"] = start_dir or "previous"
     if kinds:
         summary["balance"] = {"kinds": kinds, "per_kind": len(trajs) // len(kinds)}
     ckpt.save(int(c["steps"]), {"params": params})

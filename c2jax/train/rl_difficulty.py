@@ -35,13 +35,17 @@ def family_for_difficulty(config: Any, rl: dict, difficulty: int) -> dict:
 
     t = rl["tasks"]
     n = int(rl["eval"]["difficulty_n_tasks"])
+    flags = family_flags(t)
+    if int(difficulty) != 0:  # the imitation-gap variant exists at difficulty 0 only: the others are plain
+        flags.pop("ambiguous", None)
     args = {"difficulty": int(difficulty), "n_train": 8, "n_eval": n, "n_demo": 0, "seed": int(t["seed"]),
-            **family_flags(t)}
+            **flags}
     h = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:12]
     out = os.path.join(cache_root(config), "tasks", f"toyfix-d{difficulty}-{h}")
     info = dict(build_toyfix(out, n_train=args["n_train"], n_eval=n, n_demo=0, difficulty=int(difficulty),
                              seed=args["seed"], docstrings=bool(args.get("docstrings")),
-                             repro=bool(args.get("repro")), workers=2))
+                             repro=bool(args.get("repro")), ambiguous=float(args.get("ambiguous", 0.0)),
+                             workers=2))
     info["dir"] = out
     materialize_envs(load_tasks(info["eval"]))
     return info

@@ -31,9 +31,10 @@ def family_args(config: Any) -> dict:
 
 
 def family_flags(tasks: dict) -> dict:
-    """The boolean family knobs that are on ({"docstrings": True, "repro": True} or a part): absent
-    when False, so families built before a knob existed keep their key."""
-    return {k: True for k in ("docstrings", "repro") if tasks.get(k)}
+    """The family knobs that are on ({"docstrings": True, "repro": True, "ambiguous": q} or a part):
+    absent when off, so families built before a knob existed keep their key."""
+    return {**{k: True for k in ("docstrings", "repro") if tasks.get(k)},
+            **({"ambiguous": float(tasks["ambiguous"])} if tasks.get("ambiguous") else {})}
 
 
 def family_key(config: Any) -> dict:
@@ -62,7 +63,7 @@ def ensure_family(config: Any) -> dict:
     out = family_dir(config)
     info = dict(build_toyfix(out, n_train=args["n_train"], n_eval=args["n_eval"], n_demo=args["n_demo"],
                              difficulty=args["difficulty"], seed=args["seed"], docstrings=bool(args.get("docstrings")),
-                             repro=bool(args.get("repro")),
+                             repro=bool(args.get("repro")), ambiguous=float(args.get("ambiguous", 0.0)),
                              workers=2))
     info["dir"] = out
     from c2jax.envs.synth.toyfix import materialize_envs

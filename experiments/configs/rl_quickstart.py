@@ -66,6 +66,16 @@ Presets (after ':'):
     kind_weighted kind_balanced with the RL update balanced too: each task's advantages times
                   count(kind) ** -1, normalised to mean 1 (rl.task_weights.by="kind")
     sft_matched   no RL: the RL stage's training time spent on more SFT over demonstrations of its train tasks
+    imitation_gap RL where imitation cannot close the gap: the family's imitation-gap variant
+                  (rl.tasks.ambiguous=0.75: a broken `v = a + b` that was `a * b` with probability 0.75,
+                  else `a - b`; nothing readable and no wanted value tells which), a cold start fine-tuned
+                  from a converged one (agent_sft.init_from="run:runs/sft1600", made first by
+                  `python experiments/run.py --config experiments/configs/rl_quickstart.py --workdir
+                  runs/sft1600 --config.agent_sft.steps=1600`) on the variant's demonstrations as the
+                  demonstrator drew them (balance none), RL without the unlikeliness term (it pushes
+                  towards the least likely correct samples, against the mode-seeking that closes this gap).
+                  Imitation solves q^2 + (1-q)^2 = 0.625 of the tasks at best, the likelier fix q = 0.75
+    imitation_gap_sft_matched  its control (sft_matched on imitation_gap's family and cold start)
 
 Every key of the RL defaults (`c2jax.rl.stage_config.full_rl_defaults`) is written out below, so any
 of them can be overridden: ``--config.rl.group_size=4``, ``--config.rl.rewards.length.q=0.5``, ...
@@ -79,7 +89,7 @@ from c2jax.model.config import model_config_dict
 
 PRESETS = ("default", "smoke", "std_norm", "token_mean", "k3_in_loss", "no_replay", "q0", "w_reinforce", "mean_reward",
            "best_of_2", "top_entropy", "unlikely", "retry", "balanced", "kind_balanced", "kind_best_of_2",
-           "nth_balanced", "kind_weighted", "sft_matched")
+           "nth_balanced", "kind_weighted", "sft_matched", "imitation_gap", "imitation_gap_sft_matched")
 VOCAB = 4096
 # The shell-style demonstrations (grep, sed) need the terminal only; every other declaration would
 # cost ~190 tokens of each 1k context (read_file + search_replace: the read_replace style's tools).
@@ -172,8 +182,9 @@ def _rl(**over) -> dict:
         task_weights=dict(by="none", power=1.0),
         # repro=True: each task repository also holds repro.py, a visible check of the statement's call
         # (preset `retry`)
+        # ambiguous=q: the imitation-gap variant (preset `imitation_gap`); 0.0 off
         tasks=dict(suite="toyfix", difficulty=0, n_train=128, n_eval=128, n_demo=4096, seed=0, docstrings=False,
-                   repro=False),
+                   repro=False, ambiguous=0.0),
         # samples: per task (None: k; else >= k; pass@k is the unbiased estimate from them). 16 narrow
         # the paired pass@8 interval by ~20% for twice the sampling (docs/rl_experiments.md, "sixteen
         # samples per task inside the stage"); the difficulty sweep keeps difficulty_k samples
@@ -220,7 +231,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
                             synth_code_lr=3e-3, synth_code_drill_words="train", synth_code_drill_share=0.5,
                             demo_style="shell_locate", fit_rows=True,
                             # every kind of fix as often as the most common one (the default since 2026-12-05)
-                            balance="none" if smoke else "kind")
+                            balance="none" if smoke else "kind", init_from="previous")
     config.agent = agent_config_dict(system_prompt=SYSTEM, max_turns=6, max_policy_tokens=768, max_new_tokens=160,
                                      max_context_tokens=1024, max_wall_s=120.0, summary_trigger_tokens=None,
                                      tools={"enabled": TOYFIX_TOOLS, "strict": False, "compact_declarations": True, "cmd_timeout_s": 20.0,
@@ -295,7 +306,17 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
         # operator's 2nd occurrence (`s/+/*/2`), a kind of its own in the balance
         config.agent_sft.balance = "kind"
         config.agent_sft.demo_style = "shell_locate_nth"
-    elif arg == "sft_matched":
+    elif arg in ("imitation_gap", "imitation_gap_sft_matched"):
+        # docs/rl_experiments.md, "the imitation gap"
+        config.rl.tasks.ambiguous = 0.75
+        config.rl.tasks.n_demo = 2048
+        config.agent_sft.init_from = "run:runs/sft1600"
+        config.agent_sft.balance = "none"  # the demonstrator's own 3:1 split of the two fixes
+        config.agent_sft.steps = 300
+        config.agent_sft.peak_lr = 1e-3
+        config.rl.rewards.unlikeliness.weight = 0.0
+        config.rl.eval.difficulties = ()
+    if arg in ("sft_matched", "imitation_gap_sft_matched"):
         # Control: the RL stage's training wall time (measured on this machine type) spent on more SFT
         # over scripted demonstrations of the same train tasks; evaluated like the RL stage.
         config.stages = ["cpt", "agent_sft", "sft_matched"]

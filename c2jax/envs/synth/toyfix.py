@@ -25,6 +25,11 @@ checks it tells the two states apart). It is the agent's own check of an edit, t
 of the `shell_retry` demonstrations (`toyfix_shell_demos`); the hidden tests stay hidden. The package,
 tests and statement are drawn before it, so a seed gives the same task with or without it.
 
+`ambiguous=q` (difficulty 0) builds the imitation-gap variant instead (`toyfix_programs.PICK_ARCHETYPES`):
+every task's broken line `v = a + b` was `v = a * b` (probability q) or `v = a - b`, nothing the agent
+reads tells which, and the statement gives the symptom without the wanted value. Imitating a
+demonstrator who knows the answer solves q^2 + (1 - q)^2 of them; always writing `*` solves q.
+
 No leakage: the training distribution (train.jsonl and demo.jsonl) and the held-out split
 (eval.jsonl) draw from disjoint generator seed streams, disjoint identifier vocabularies (package,
 module, function and variable names) and disjoint code constants; `leakage_report` checks that no
@@ -323,7 +328,7 @@ def generator_key() -> str:
 
 
 def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, str], start: int = 0,
-             docstrings: bool = False, repro: bool = False) -> tuple[list[Candidate], int]:
+             docstrings: bool = False, repro: bool = False, ambiguous: float = 0.0) -> tuple[list[Candidate], int]:
     """Up to `n` host-checked candidates of `stream` (updates `taken`: normalised gold diff -> stream
     that took it); returns (candidates, next attempt index).
 
@@ -336,7 +341,7 @@ def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, s
     i = start
     limit = start + 50 * max(n, 1) + 100
     while len(out) < n and i < limit:
-        c = make_candidate(stream, _seed(seed, stream, difficulty, i), difficulty, docstrings, repro)
+        c = make_candidate(stream, _seed(seed, stream, difficulty, i), difficulty, docstrings, repro, ambiguous)
         i += 1
         if c is None:
             continue
@@ -355,7 +360,7 @@ def generate(stream: str, n: int, difficulty: int, seed: int, taken: dict[str, s
 
 
 def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, difficulty: int = 1, seed: int = 0,
-                 docstrings: bool = False, repro: bool = False,
+                 docstrings: bool = False, repro: bool = False, ambiguous: float = 0.0,
                  workers: int = 2, grader_checks: int = 2, batch_size: int = 64) -> dict:
     """Build the toyfix suite into `out_dir` (see the module docstring); cached.
 
@@ -378,7 +383,7 @@ def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, diffic
     runner = runner_env(BuildContext(out_dir))
     args = {"n_train": n_train, "n_eval": n_eval, "n_demo": n_demo, "difficulty": difficulty, "seed": seed,
             "grader_checks": grader_checks, **({"docstrings": True} if docstrings else {}),
-            **({"repro": True} if repro else {})}
+            **({"repro": True} if repro else {}), **({"ambiguous": float(ambiguous)} if ambiguous else {})}
     key = hashlib.sha256(json.dumps([args, GENERATOR_VERSION, _code_digest(), runner],
                                     sort_keys=True).encode()).hexdigest()[:16]
     if os.path.exists(done_path):
@@ -406,7 +411,8 @@ def build_toyfix(out_dir: str, *, n_train: int, n_eval: int, n_demo: int, diffic
             for s in STREAMS:
                 need = want[s] - len(accepted[s])
                 if need > 0:
-                    got, next_i[s] = generate(s, need, difficulty, seed, taken, next_i[s], docstrings, repro)
+                    got, next_i[s] = generate(s, need, difficulty, seed, taken, next_i[s], docstrings, repro,
+                                              ambiguous)
                     fresh += got
             timing["generate_s"] = timing.get("generate_s", 0) + time.monotonic() - t1
             if not fresh:

@@ -154,7 +154,47 @@ def _rand_arg(kind: str, rng: random.Random) -> Any:
 
 
 def _kinds(f: Func) -> tuple[str, ...]:
-    return next(a.args for a in ARCHETYPES if a.name == f.arch)
+    return next(a.args for a in ARCHETYPES + PICK_ARCHETYPES if a.name == f.arch)
+
+
+# ---- the imitation-gap variant (`ambiguous`): a broken line that two fixes explain ------------------
+
+# `{v} = {a} * {b}` and `{v} = {a} - {b}`, each with its operator swapped to `+` (OPERATOR_SWAPS maps
+# both `*` and `-` to `+`), give the same broken line: nothing the agent can read tells the two apart,
+# and the statement of these tasks says only that the call returns the wrong value. Which fix the
+# hidden tests want is drawn per task, `*` with probability q. A demonstrator that knows the answer
+# shows `*` on a fraction q of the tasks, so imitation learns to sample `*` with probability q and
+# solves q^2 + (1 - q)^2 of them; always writing `*` solves q. That gap (the "imitation gap" of an
+# expert with information the learner lacks) is one that reward closes and more imitation does not.
+PICK_ARCHETYPES: tuple[Archetype, ...] = (
+    Archetype("pick_mul", ("num", "num"), ("{v} = {a} * {b}", "return {v}"), "Return {a} times {b}."),
+    Archetype("pick_sub", ("num", "num"), ("{v} = {a} - {b}", "return {v}"), "Return {a} minus {b}."),
+)
+
+
+def _pick_names(vocab: dict) -> tuple[str, ...]:
+    """The local-variable names of the pick functions: the split's noun list, identifiers only (not a
+    keyword, not a builtin), so each task's broken line is its own (thousands of distinct gold diffs)."""
+    import builtins
+    import keyword
+
+    return tuple(w for w in vocab["noun"] if w.isidentifier() and not keyword.iskeyword(w)
+                 and not hasattr(builtins, w))
+
+
+def _make_pick_func(rng: random.Random, vocab: dict, used_names: set[str], q: float) -> Func:
+    """One `pick_mul` (probability q) or `pick_sub` function of two numbers (see PICK_ARCHETYPES)."""
+    for _ in range(100):
+        fname = f"{rng.choice(vocab['verb'])}_{rng.choice(vocab['noun'])}"
+        if fname not in used_names:
+            break
+    used_names.add(fname)
+    a, b = rng.sample(list(vocab["num"]), 2)
+    v = rng.choice([w for w in _pick_names(vocab) if w not in (a, b, fname)])
+    arch = PICK_ARCHETYPES[0] if rng.random() < q else PICK_ARCHETYPES[1]
+    slots = {"a": a, "b": b, "v": v}
+    lines = [f"def {fname}({a}, {b}):"] + ["    " + ln.format(**slots) for ln in arch.body]
+    return Func(fname, [a, b], [a, b, v], lines, arch.doc.format(**slots), arch.name)
 
 
 def module_text(funcs: Sequence[Func]) -> str:
@@ -302,12 +342,17 @@ def _unique_old(text: str, lines: list[str], i: int, n: int) -> tuple[str, int]:
 
 
 def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = False,
-                   repro: bool = False) -> Candidate | None:
+                   repro: bool = False, ambiguous: float = 0.0) -> Candidate | None:
     """One generated task from its seed (None if this seed gives no valid bug). `docstrings`: every
     function states its intended behaviour (always at difficulty 3), so the fix follows from reading
     the code rather than from arithmetic on the statement's numbers. `repro`: the repository also holds
     `repro.py` (`repro_text`), a visible check of the statement's call; drawn after everything else, so
-    the package, tests and statement are those of `repro=False`."""
+    the package, tests and statement are those of `repro=False`. `ambiguous` = q > 0 (difficulty 0
+    only): the imitation-gap variant, a `pick_mul` (probability q) or `pick_sub` function whose operator
+    became `+`, stated without the wanted value (PICK_ARCHETYPES); 0 leaves every draw as it was."""
+    if ambiguous and (difficulty != 0 or not 0.0 < ambiguous < 1.0 or docstrings):
+        raise ValueError(f"ambiguous needs difficulty 0, no docstrings and 0 < q < 1; got difficulty {difficulty}, "
+                         f"docstrings {docstrings}, q {ambiguous}")
     split = "eval" if stream == "eval" else "train"
     vocab = VOCAB[split]
     rng = random.Random(seed)
@@ -319,7 +364,8 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
     for mi, mod in enumerate(mods):
         nf = 1 if difficulty == 0 else rng.randint(2, 3)
         doc = difficulty >= 3 or docstrings
-        funcs[mod] = [_make_func(rng, vocab, used, doc) for _ in range(nf)]
+        funcs[mod] = [_make_pick_func(rng, vocab, used, ambiguous) if ambiguous else _make_func(rng, vocab, used, doc)
+                      for _ in range(nf)]
     for fs in funcs.values():
         for f in fs:
             kinds = _kinds(f)
@@ -359,6 +405,8 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
             muts = mutations(f)
             if difficulty == 0:  # operators and comparisons only: the fix copies no name or constant
                 muts = [m for m in muts if m.kind in ("operator", "comparison")]
+            if ambiguous:  # the function's one operator becomes `+` (both pick archetypes' bug)
+                muts = [m for m in muts if m.line == 1 and m.kind == "operator"]
             rng.shuffle(muts)
             kinds = sorted({m.kind for m in muts})
             rng.shuffle(kinds)  # a kind first, uniformly: off-by-one sites would dominate otherwise
@@ -402,10 +450,13 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
         call = _fmt_call(f.name, case)
         imp = f"from {pkg}.{mod} import {f.name}"
         shown = f"returns {got[1]!r}" if got[0] == "ok" else f"raises {got[1]}"
+        if ambiguous:  # the symptom without the value that would tell the two fixes apart
+            sentences.append(f"In `{pkg}/{mod}.py`, `{imp}; {call}` returns the wrong value.")
         # The file is named in a backtick-quoted span: byte-level BPE then tokenises its words exactly
         # as in a tool argument ('"pkg/mod.py"'), so reading it is a copy. In "from pkg.mod" the words
         # carry a leading space ("Ġpkg"), a different token than in the path: not a copy.
-        sentences.append(f"In `{pkg}/{mod}.py`, `{imp}; {call}` {shown}; it should return {want[1]!r}.")
+        else:
+            sentences.append(f"In `{pkg}/{mod}.py`, `{imp}; {call}` {shown}; it should return {want[1]!r}.")
         b.update({"path": f"{pkg}/{mod}.py", "call": call, "import": imp, "got": repr(got[1]) if got[0] == "ok"
                   else f"raises {got[1]}", "want": repr(want[1])})
     statement = " ".join(sentences) + " Fix the code."
