@@ -36,16 +36,32 @@ def test_eval_command_carries_an_agent_override(tmp_path):
     assert load_agent_config(CONFIG + ":smoke").max_turns == 6
 
 
-def test_every_rl_quickstart_preset_validates():
+def test_every_rl_quickstart_preset_validates(tmp_path):
     """Each preset of the config file builds and passes validation before any compute (a preset that
-    wrote a key the validators do not know would fail here, not minutes into a run)."""
-    from c2jax.config import validate
+    wrote a key the validators do not know would fail here, not minutes into a run). A preset that
+    starts from another run's cold start (`agent_sft.init_from="run:..."`) validates once that run
+    exists, and fails validation naming the key while it does not."""
+    import json
+
+    import pytest
+
+    from c2jax.config import ConfigError, validate
 
     spec = importlib.util.spec_from_file_location("rl_quickstart", CONFIG)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
+    finished = tmp_path / "finished_run"  # a finished run's layout: summary.json -> its agent_sft build dir
+    (tmp_path / "build" / "agent_sft" / "checkpoints").mkdir(parents=True)
+    finished.mkdir()
+    (finished / "summary.json").write_text(json.dumps({"agent_sft": {"build_dir": str(tmp_path / "build")}}))
     for preset in m.PRESETS:
-        validate(m.get_config("" if preset == "default" else preset), warn=False)
+        cfg = m.get_config("" if preset == "default" else preset)
+        if str(cfg.agent_sft.init_from).startswith("run:"):
+            cfg.agent_sft.init_from = f"run:{tmp_path / 'not_run_yet'}"
+            with pytest.raises(ConfigError, match="agent_sft.init_from"):
+                validate(cfg, warn=False)
+            cfg.agent_sft.init_from = f"run:{finished}"
+        validate(cfg, warn=False)
     # the default's cold start is kind-balanced; the presets measured unbalanced say so
     assert m.get_config("").agent_sft.balance == m.get_config("kind_balanced").agent_sft.balance == "kind"
     assert m.get_config("retry").agent_sft.balance == m.get_config("smoke").agent_sft.balance == "none"
