@@ -70,6 +70,21 @@ def analyse(rows: Sequence[dict], eval_tasks: Sequence[Any], demo_tasks: Sequenc
             "likelier_fix_reference": max(p_eval, 1 - p_eval)}
 
 
+def report_lines(by_policy: dict[str, dict]) -> list[str]:
+    """report.md's section: one row per evaluated policy ({tag: `analyse` result})."""
+    first = next(iter(by_policy.values()))
+    lines = ["## Imitation gap: which fix each sample wrote", "",
+             f"References on these held-out tasks: imitation (`*` at the demonstrations' share "
+             f"{first['demo_share_mul']:.3f}) {first['imitation_reference']:.3f}, always the likelier fix "
+             f"{first['likelier_fix_reference']:.3f}.", "",
+             "| policy | samples | writes * | writes - | other | none | pass@1 |", "|---|---|---|---|---|---|---|"]
+    for tag, r in by_policy.items():
+        sh = r["share"]
+        lines.append(f"| {tag} | {r['samples']} | {sh['*']:.3f} | {sh['-']:.3f} | {sh['other']:.3f} | {sh['none']:.3f} "
+                     f"| {r['pass_at_1']:.3f} |")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from c2jax.envs.tasks import load_tasks
 

@@ -86,6 +86,11 @@ def write_report(out_dir: str, summary: dict, train_jsonl: str) -> str:
     if wf:
         lines += ["", "## Lift restricted to well-formed tool calls", ""]
         lines += [f"- {k}: {_fmt(v)}" for k, v in wf.items()]
+    gap = summary.get("imitation_gap")
+    if gap:
+        from c2jax.train.rl_imitation_gap import report_lines
+
+        lines += [""] + report_lines(gap)
     t = summary.get("time") or {}
     if t:
         lines += ["", "## Stage wall time", ""] + [f"- {k}: {v:.1f}" for k, v in t.items()]

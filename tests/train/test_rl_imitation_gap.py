@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from c2jax.train.rl_imitation_gap import analyse, main, written_op
+from c2jax.train.rl_imitation_gap import analyse, main, report_lines, written_op
 
 
 def _task(iid: str, op: str):
@@ -58,3 +58,12 @@ def test_cli_reads_a_bench_run_and_a_family(tmp_path, monkeypatch, capsys):
     assert main(["--eval", str(run), "--family", str(fam), "--out", str(tmp_path / "o.json")]) == 0
     assert "imitation 0.500, likelier fix 1.000" in capsys.readouterr().out
     assert json.loads((tmp_path / "o.json").read_text())[str(run)]["pass_at_1"] == 1.0
+
+
+def test_report_section_lists_each_policy_and_the_references():
+    ev, demo = [_task("a", "*")], [_task("d", "*"), _task("e", "-")]
+    rows = [{"instance_id": "a", "samples": [{"diff": _diff("*"), "resolved": True}, {"diff": _diff("-"), "resolved": False}]}]
+    lines = report_lines({"before": analyse(rows, ev, demo), "after": analyse(rows[:1], ev, demo)})
+    text = "\n".join(lines)
+    assert "imitation (`*` at the demonstrations' share 0.500) 0.500, always the likelier fix 1.000" in text
+    assert "| before | 2 | 0.500 | 0.500 | 0.000 | 0.000 | 0.500 |" in text
