@@ -256,11 +256,10 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
         summary["blind_edit_baseline"] = blind_edit_baseline(train_tasks, eval_tasks)
         if rl["tasks"].get("ambiguous"):  # the imitation-gap variant: which fix each sample wrote
             from c2jax.train.rl_family import load_split
-            from c2jax.train.rl_imitation_gap import analyse
+            from c2jax.train.rl_imitation_gap import stage_summary
 
-            demo_tasks = load_split(fam, "demo")
-            summary["imitation_gap"] = {tag: analyse(ev["rows"], eval_tasks, demo_tasks)
-                                        for tag, ev in (("before", before), ("after", after))}
+            summary["imitation_gap"] = stage_summary(rl, eval_tasks, load_split(fam, "demo"),
+                                                     {"before": before, "after": after})
         agent_json = write_agent_config(config, out_dir)
         summary["eval_command"] = eval_command(fam["dir"], "CHECKPOINT", rl, seed, "OUT", agent_json)
         summary["eval_commands"] = {t: eval_command(fam["dir"], os.path.join(out_dir, f"policy_{p}"), rl, seed,

@@ -70,6 +70,15 @@ def analyse(rows: Sequence[dict], eval_tasks: Sequence[Any], demo_tasks: Sequenc
             "likelier_fix_reference": max(p_eval, 1 - p_eval)}
 
 
+def stage_summary(rl: dict, eval_tasks: Sequence[Any], demo_tasks: Sequence[Any], evals: dict[str, dict]
+                  ) -> dict | None:
+    """{tag: `analyse` of that evaluation's rows} when the stage's family is the imitation-gap variant
+    (`rl.tasks.ambiguous` > 0), else None: what the RL and sft_matched stages write to summary.json."""
+    if not rl["tasks"].get("ambiguous"):
+        return None
+    return {tag: analyse(ev["rows"], eval_tasks, demo_tasks) for tag, ev in evals.items()}
+
+
 def report_lines(by_policy: dict[str, dict]) -> list[str]:
     """report.md's section: one row per evaluated policy ({tag: `analyse` result})."""
     first = next(iter(by_policy.values()))

@@ -143,6 +143,10 @@ def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
                "pass_at_1_after_ci": res.get("pass@1_ci95"), "masked_rate_after": res.get("masked_rate"),
                "eval_command": eval_command(fam["dir"], os.path.join(out_dir, "policy_final"), rl, seed, "OUT",
                                              write_agent_config(config, out_dir))}
+    if rl["tasks"].get("ambiguous"):  # the imitation-gap variant: which fix each sample wrote
+        from c2jax.train.rl_imitation_gap import stage_summary
+
+        summary["imitation_gap"] = stage_summary(rl, eval_tasks, load_split(fam, "demo"), {"after": after})
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
     return prev, summary

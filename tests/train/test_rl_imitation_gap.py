@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from c2jax.train.rl_imitation_gap import analyse, main, report_lines, written_op
+from c2jax.train.rl_imitation_gap import analyse, main, report_lines, stage_summary, written_op
 
 
 def _task(iid: str, op: str):
@@ -67,3 +67,12 @@ def test_report_section_lists_each_policy_and_the_references():
     text = "\n".join(lines)
     assert "imitation (`*` at the demonstrations' share 0.500) 0.500, always the likelier fix 1.000" in text
     assert "| before | 2 | 0.500 | 0.500 | 0.000 | 0.000 | 0.500 |" in text
+
+
+def test_stages_summarise_only_the_variant():
+    ev, demo = [_task("a", "*")], [_task("d", "*")]
+    rows = [{"instance_id": "a", "samples": [{"diff": _diff("*"), "resolved": True}]}]
+    evals = {"before": {"rows": rows}, "after": {"rows": rows}}
+    assert stage_summary({"tasks": {"ambiguous": 0.0}}, ev, demo, evals) is None
+    got = stage_summary({"tasks": {"ambiguous": 0.75}}, ev, demo, evals)
+    assert set(got) == {"before", "after"} and got["after"]["share"]["*"] == 1.0
