@@ -73,7 +73,8 @@ AGENT_SFT_DEFAULTS: dict[str, Any] = dict(
     # Where SFT starts: "previous" (the previous stage's checkpoint, e.g. CPT), "ckpt:DIR" (a checkpoint
     # directory of this model config) or "run:WORKDIR" (the cold start a finished experiments/run.py run
     # trained: its summary.json's agent_sft build directory), e.g. to fine-tune a converged cold start on
-    # another family (preset `imitation_gap` of rl_quickstart)
+    # another family (preset `imitation_gap` of rl_quickstart). The build cache keys on this string, not
+    # on the checkpoint's bytes: a cold start retrained in place under the same path is not noticed
     init_from="previous",
 )
 BALANCE_MODES = ("none", "kind")
