@@ -122,13 +122,19 @@ class Func:
     cases: list[tuple] = dataclasses.field(default_factory=list)  # argument tuples for the tests
 
 
-def _make_func(rng: random.Random, vocab: dict, used_names: set[str], docstring: bool) -> Func:
-    arch = rng.choice(ARCHETYPES)
+def _func_name(rng: random.Random, vocab: dict, used_names: set[str]) -> str:
+    """A `verb_noun` function name not yet used in the package (recorded in `used_names`)."""
     for _ in range(100):
         fname = f"{rng.choice(vocab['verb'])}_{rng.choice(vocab['noun'])}"
         if fname not in used_names:
             break
     used_names.add(fname)
+    return fname
+
+
+def _make_func(rng: random.Random, vocab: dict, used_names: set[str], docstring: bool) -> Func:
+    arch = rng.choice(ARCHETYPES)
+    fname = _func_name(rng, vocab, used_names)
     params: list[str] = []
     for kind in arch.args:
         params.append(rng.choice([n for n in vocab[kind] if n not in params]))
@@ -172,25 +178,25 @@ PICK_ARCHETYPES: tuple[Archetype, ...] = (
 )
 
 
-def _pick_names(vocab: dict) -> tuple[str, ...]:
+def _pick_names(split: str) -> tuple[str, ...]:
     """The local-variable names of the pick functions: the split's noun list, identifiers only (not a
     keyword, not a builtin), so each task's broken line is its own (thousands of distinct gold diffs)."""
     import builtins
     import keyword
 
-    return tuple(w for w in vocab["noun"] if w.isidentifier() and not keyword.iskeyword(w)
+    return tuple(w for w in VOCAB[split]["noun"] if w.isidentifier() and not keyword.iskeyword(w)
                  and not hasattr(builtins, w))
 
 
-def _make_pick_func(rng: random.Random, vocab: dict, used_names: set[str], q: float) -> Func:
+PICK_NAMES: dict[str, tuple[str, ...]] = {split: _pick_names(split) for split in VOCAB}
+
+
+def _make_pick_func(rng: random.Random, split: str, used_names: set[str], q: float) -> Func:
     """One `pick_mul` (probability q) or `pick_sub` function of two numbers (see PICK_ARCHETYPES)."""
-    for _ in range(100):
-        fname = f"{rng.choice(vocab['verb'])}_{rng.choice(vocab['noun'])}"
-        if fname not in used_names:
-            break
-    used_names.add(fname)
+    vocab = VOCAB[split]
+    fname = _func_name(rng, vocab, used_names)
     a, b = rng.sample(list(vocab["num"]), 2)
-    v = rng.choice([w for w in _pick_names(vocab) if w not in (a, b, fname)])
+    v = rng.choice([w for w in PICK_NAMES[split] if w not in (a, b, fname)])
     arch = PICK_ARCHETYPES[0] if rng.random() < q else PICK_ARCHETYPES[1]
     slots = {"a": a, "b": b, "v": v}
     lines = [f"def {fname}({a}, {b}):"] + ["    " + ln.format(**slots) for ln in arch.body]
@@ -364,7 +370,7 @@ def make_candidate(stream: str, seed: int, difficulty: int, docstrings: bool = F
     for mi, mod in enumerate(mods):
         nf = 1 if difficulty == 0 else rng.randint(2, 3)
         doc = difficulty >= 3 or docstrings
-        funcs[mod] = [_make_pick_func(rng, vocab, used, ambiguous) if ambiguous else _make_func(rng, vocab, used, doc)
+        funcs[mod] = [_make_pick_func(rng, split, used, ambiguous) if ambiguous else _make_func(rng, vocab, used, doc)
                       for _ in range(nf)]
     for fs in funcs.values():
         for f in fs:

@@ -156,7 +156,8 @@ def test_build_validates_and_demonstrations_write_each_tasks_own_fix(tmp_path):
     t = demo[0]
     gold = grade(t, t.patch, check_gold=False)
     assert gold.resolved
-    other = t.patch.replace("+    " + t.provenance["bugs"][0]["new"].strip(), "+    " + t.provenance["bugs"][0]["new"].strip()
-                            .replace(" * ", " # ").replace(" - ", " * ").replace(" # ", " - "))
+    new = t.provenance["bugs"][0]["new"]
+    op = "*" if " * " in new else "-"
+    other = t.patch.replace("+" + new, "+" + new.replace(f" {op} ", " - " if op == "*" else " * "))
     assert other != t.patch
     assert not grade(t, other, check_gold=False).resolved
