@@ -169,11 +169,23 @@ class CommandRun:
 
     # ---- stdin (background only) ----
     def write_stdin(self, data: bytes | str) -> None:
-        if self.stdin_fd is None:
-            raise ValueError("stdin is closed")
-        view = memoryview(data.encode() if isinstance(data, str) else data)
-        while view:
-            view = view[os.write(self.stdin_fd, view):]
+        # The pump thread may close stdin (the command ended) while this writes. Writing to the shared
+        # number could then hit EBADF or, had another thread reused the number, an unrelated file. So
+        # write through a private duplicate taken under the close lock: a close in the meantime leaves
+        # it pointing at this command's FIFO, and the caller hears that stdin closed during the write.
+        with self._stdin_lock:
+            if self.stdin_fd is None:
+                raise ValueError("stdin is closed")
+            fd = self.stdin_fd
+            own = os.dup(fd)
+        try:
+            view = memoryview(data.encode() if isinstance(data, str) else data)
+            while view:
+                view = view[os.write(own, view):]
+        finally:
+            os.close(own)
+        if self.stdin_fd != fd:
+            raise ValueError("stdin was closed during the write (the command ended)")
 
     def close_stdin(self) -> None:
         # Called by the caller's thread (Process.close_stdin) and by the pump thread when the command

@@ -73,3 +73,79 @@ def test_positive_control_unlocked_close_closes_twice(monkeypatch):
     # the unlocked method reads executor.os.close too (same module object `os`)
     closed = _concurrent_closes(Unlocked(), monkeypatch)
     assert len(closed) > 1 and set(closed) == {w}
+
+
+def _write_racing_close(run, monkeypatch, reused_w: int) -> None:
+    """Runs run.write_stdin(b"secret") with the pump's close landing inside the write: the first
+    os.write call first closes stdin (as the pump does when the command ends) and puts an unrelated
+    pipe's write end on the freed number (as a thread opening a file at that moment would)."""
+    real_write = os.write
+    old_fd = run.stdin_fd
+    raced = []
+
+    def write_after_close(fd: int, data) -> int:
+        if not raced:
+            raced.append(fd)
+            run.close_stdin()
+            os.dup2(reused_w, old_fd)  # the freed number now names another file
+        return real_write(fd, data)
+
+    monkeypatch.setattr(executor.os, "write", write_after_close)
+    try:
+        run.write_stdin(b"secret")
+    except ValueError:
+        pass  # the fixed method says stdin closed during the write
+
+
+def _pending(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 100)
+    except BlockingIOError:
+        return b""
+
+
+def test_write_racing_close_never_reaches_a_reused_descriptor(monkeypatch):
+    r, w = os.pipe()
+    other_r, other_w = os.pipe()
+    run = _run_with_stdin(w)
+    _write_racing_close(run, monkeypatch, other_w)
+    try:
+        assert _pending(other_r) == b""  # nothing leaked into the unrelated file
+        assert _pending(r) == b"secret"  # it went to the command's own pipe, now closed
+        assert run.stdin_fd is None
+    finally:
+        for fd in (r, other_r, other_w, w):  # w: the reused number, now the other pipe's duplicate
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def test_positive_control_unguarded_write_reaches_the_reused_descriptor(monkeypatch):
+    """The pre-fix method (write to the shared number) under the same schedule writes into the
+    unrelated file, so the test above can fail."""
+    r, w = os.pipe()
+    other_r, other_w = os.pipe()
+
+    class Unguarded:
+        stdin_fd = w
+        _stdin_lock = threading.Lock()
+        close_stdin = executor.CommandRun.close_stdin
+
+        def write_stdin(self, data: bytes) -> None:
+            if self.stdin_fd is None:
+                raise ValueError("stdin is closed")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(w, view):]  # the number read before the close landed
+
+    _write_racing_close(Unguarded(), monkeypatch, other_w)
+    try:
+        assert _pending(other_r) == b"secret"
+    finally:
+        for fd in (r, other_r, other_w, w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
