@@ -128,7 +128,7 @@ def test_bad_rl_and_agent_sft_settings_fail_validation(tmp_path):
     for preset in ("imitation_gap", "imitation_gap_sft_matched"):
         c = m.get_config(preset)
         assert c.rl.tasks.ambiguous == 0.75 and c.agent_sft.balance == "none"
-        assert c.agent_sft.init_from == "run:runs/sft1600"
+        assert c.agent_sft.init_from == "run:runs/rl"
 
 
 @needs_bwrap
