@@ -100,6 +100,21 @@ def repo_env(envs_state, tmp_path_factory):
     return repo, build_env(repo)
 
 
+def _describe(pids) -> dict:
+    """{pid: "STATE PPID COMMAND"} from /proc, so a failure says whether the processes were zombies
+    waiting to be reaped (a slow teardown under load) or running (a leak)."""
+    out = {}
+    for pid in sorted(pids):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            fields = stat[stat.rindex(")") + 2:].split()
+            out[pid] = f"{fields[0]} ppid={fields[1]} {stat[stat.index('(') + 1:stat.rindex(')')]}"
+        except (OSError, ValueError):
+            out[pid] = "gone"
+    return out
+
+
 def assert_no_leftovers(sb, timeout: float = 5.0) -> None:
     """After close(): no process in the sandbox's pid namespace, no cgroup, no mount, no files."""
     sandbox_mod.flush_cleanup()  # close() hands files, mount and cgroups to the janitor thread
@@ -109,7 +124,7 @@ def assert_no_leftovers(sb, timeout: float = 5.0) -> None:
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.02)
-    assert not left, f"processes left after close(): {left}"
+    assert not left, f"processes left after close(): {_describe(left)}"
     for path in sb._cg.paths:
         assert not os.path.exists(path), f"cgroup left: {path}"
     assert not os.path.exists(sb.dir), f"state left: {sb.dir}"
