@@ -22,9 +22,12 @@ def _concurrent_closes(run, monkeypatch) -> list[int]:
     closed: list[int] = []
     real_close = os.close
 
+    watched = run.stdin_fd
+
     def slow_close(fd: int) -> None:  # widens the window between the None check and the close
-        closed.append(fd)
-        time.sleep(0.05)
+        if fd == watched:  # os.close is patched process-wide: other tests' threads close other fds
+            closed.append(fd)
+            time.sleep(0.05)
         real_close(fd)
 
     monkeypatch.setattr(executor.os, "close", slow_close)
@@ -83,8 +86,10 @@ def _write_racing_close(run, monkeypatch, reused_w: int) -> None:
     old_fd = run.stdin_fd
     raced = []
 
+    me = threading.get_ident()
+
     def write_after_close(fd: int, data) -> int:
-        if not raced:
+        if not raced and threading.get_ident() == me:  # patched process-wide: only this thread's write
             raced.append(fd)
             run.close_stdin()
             os.dup2(reused_w, old_fd)  # the freed number now names another file
