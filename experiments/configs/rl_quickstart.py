@@ -76,7 +76,7 @@ Presets (after ':'):
                   closes this gap). The first measurement fine-tuned the converged 1600-step cold start
                   instead (--config.agent_sft.init_from=run:runs/sft1600). A cold start trained on the
                   variant alone from CPT does not learn to copy grep's line number: its lines are 2, 3 or
-                  5 only, so it learns a prior over them (0.30 of its samples edit the wrong line)
+                  5 only, so it learns a prior over them (0.30 of its samples edit the wrong line).
                   Imitation solves q^2 + (1-q)^2 = 0.625 of the tasks at best, the likelier fix q = 0.75
     imitation_gap_sft_matched  its control (sft_matched on imitation_gap's family and cold start)
 

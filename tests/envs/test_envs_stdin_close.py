@@ -78,7 +78,7 @@ def test_positive_control_unlocked_close_closes_twice(monkeypatch):
     assert len(closed) > 1 and set(closed) == {w}
 
 
-def _write_racing_close(run, monkeypatch, reused_w: int) -> None:
+def _write_racing_close(run, monkeypatch, reused_w: int) -> bool:
     """Runs run.write_stdin(b"secret") with the pump's close landing inside the write: the first
     os.write call first closes stdin (as the pump does when the command ends) and puts an unrelated
     pipe's write end on the freed number (as a thread opening a file at that moment would)."""
@@ -99,7 +99,8 @@ def _write_racing_close(run, monkeypatch, reused_w: int) -> None:
     try:
         run.write_stdin(b"secret")
     except ValueError:
-        pass  # the fixed method says stdin closed during the write
+        return True  # the fixed method says stdin closed during the write
+    return False
 
 
 def _pending(fd: int) -> bytes:
@@ -114,8 +115,9 @@ def test_write_racing_close_never_reaches_a_reused_descriptor(monkeypatch):
     r, w = os.pipe()
     other_r, other_w = os.pipe()
     run = _run_with_stdin(w)
-    _write_racing_close(run, monkeypatch, other_w)
+    told = _write_racing_close(run, monkeypatch, other_w)
     try:
+        assert told  # the caller hears that the command's stdin closed under it
         assert _pending(other_r) == b""  # nothing leaked into the unrelated file
         assert _pending(r) == b"secret"  # it went to the command's own pipe, now closed
         assert run.stdin_fd is None
