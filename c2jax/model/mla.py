@@ -31,6 +31,11 @@ SPLIT_ROPE_SCORES = False  # True: score = q_nope.k_nope + q_rope.k_rope as two 
 # chunk's [c, H, S, T] scores and probabilities (f32) can stay in cache between the matmul, the mask,
 # the softmax and the value matmul instead of streaming the whole batch's through memory each time.
 ATTN_BATCH_CHUNK: Optional[int] = None
+# Decode's absorbed value product prob [B,H,S,T] x c_kv [B,T,C]: "bhsc" asks XLA for [B,H,S,C] and
+# transposes after (a plain per-row matmul on XLA:CPU's fast path); "bshc" asks for [B,S,H,C]
+# directly, which XLA:CPU ran as a transposed product off that path (the form until 2026-12-07,
+# kept as the baseline of `python benchmarks/engine_steps.py --variants absorbed-out=bshc`).
+ABSORBED_OUT = "bhsc"
 _NEG = -1e30  # masked logit (finite so fully masked padded rows stay NaN-free)
 
 
@@ -129,7 +134,10 @@ def attend_absorbed(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
     s = jnp.einsum("bshc,btc->bhst", q_lat, c_kv, preferred_element_type=jnp.float32)
     s = s + jnp.einsum("bshr,btr->bhst", q_rope, k_rope, preferred_element_type=jnp.float32)
     prob = _softmax(s * softmax_scale(a), mask).astype(dt)
-    o_lat = jnp.einsum("bhst,btc->bshc", prob, c_kv)  # [B,S,H,kv_lora]
+    if ABSORBED_OUT == "bshc":
+        o_lat = jnp.einsum("bhst,btc->bshc", prob, c_kv)  # [B,S,H,kv_lora]
+    else:  # [B,H,S,kv_lora] -> [B,S,H,kv_lora]; see ABSORBED_OUT
+        o_lat = jnp.einsum("bhst,btc->bhsc", prob, c_kv).transpose(0, 2, 1, 3)
     return jnp.einsum("bshc,chv->bshv", o_lat, w_v)
 
 
