@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import importlib.util
 import os
 import sys
 import time
@@ -51,16 +50,6 @@ VARIANTS = {
     "absorbed-out": ("c2jax.model.mla", "ABSORBED_OUT"),
     "split-rope": ("c2jax.model.mla", "SPLIT_ROPE_SCORES"),
 }
-
-
-def load_config(spec: str) -> Any:
-    """`get_config(arg)` of an experiment file given as ``PATH[:arg]``."""
-    path, _, arg = spec.partition(":")
-    s = importlib.util.spec_from_file_location("_c2jax_bench_engine_steps_config", path)
-    mod = importlib.util.module_from_spec(s)
-    assert s.loader is not None
-    s.loader.exec_module(mod)
-    return mod.get_config(arg) if arg else mod.get_config()
 
 
 def parse_variants(text: str) -> list[tuple[str, str, str, Any]]:
@@ -118,11 +107,12 @@ def main(argv=None) -> None:
         raise SystemExit("need every window <= --max-len and --steps + 1 < the smallest window")
     variants = [None] + parse_variants(args.variants)
 
+    from c2jax.config import load_config_file
     from c2jax.model import init
     from c2jax.model.config import ModelConfig
     from c2jax.sampling import Engine, EngineConfig
 
-    cfg = ModelConfig.from_config(load_config(args.config).model)
+    cfg = ModelConfig.from_config(load_config_file(args.config).model)
     S, T = args.slots, args.max_len
     eng = Engine(init(cfg, jax.random.key(0)), cfg, EngineConfig(max_slots=S, max_len=T))
     rng = np.random.default_rng(0)
