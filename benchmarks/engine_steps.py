@@ -18,8 +18,8 @@ filled with random latents. Decode: every slot active, rows at ``window - steps 
 ``window - chunk`` (the bucket the engine would pick for a row that long).
 
 Variants (``--variants NAME=VALUE,...``, names in VARIANTS) trace the steps with a module switch of
-the model set; each is compiled once, then checked against the default on the same cache before any
-timing (parity gate: same sampled tokens, raw logprobs within 1e-5), and the variants are timed
+the model set; each is compiled once, then checked against the default on the same inputs before any
+timing (parity gate, every timed cell: same sampled tokens, raw logprobs within 1e-5), and the variants are timed
 interleaved, repeat by repeat, so a noisy neighbour hits all alike. Printed per (step, window): the
 median over ``--repeats`` (at least 5) of the mean time per step within a repeat, with min, max and
 IQR, and each variant's median over the default's (> 1: the variant is slower).
@@ -32,7 +32,7 @@ import importlib
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [p for p in (os.path.dirname(_HERE), _HERE) if p not in sys.path]
@@ -132,7 +132,7 @@ def main(argv=None) -> None:
         if kind == "decode":
             return (eng.params, cache_at(w - args.steps - 1), tokens, jnp.ones((S,), bool), samp_rows,
                     jnp.zeros((S,), jnp.int32))
-        chunk = jnp.asarray(rng.integers(0, cfg.vocab_size, c), jnp.int32)
+        chunk = jnp.asarray(np.random.default_rng([w, c]).integers(0, cfg.vocab_size, c), jnp.int32)  # same per cell
         return (eng.params, cache_at(w - c), jnp.int32(1), chunk, jnp.int32(w - c), jnp.int32(c), samp_one,
                 jnp.int32(0))
 
@@ -142,19 +142,25 @@ def main(argv=None) -> None:
           f"{cfg.moe.n_routed_experts} experts, MoE as {eng.run_cfg.moe.impl}); {S} slots x {T} positions; "
           f"compiled {len(variants)} variant(s) in {time.perf_counter() - t0:.1f} s")
 
-    # parity gate: each variant's first decode step / prefill call equals the default's
+    cells = [("decode", w, None) for w in windows] + [("prefill", w, c) for w in windows for c in chunks if c <= w]
+
+    def first_call(st: Steps, kind: str, w: int, c: Optional[int]):
+        a = args_for(kind, w, c or 0)
+        return st.decode[w](*a) if kind == "decode" else st.prefill[(w, c)](*a)
+
+    # parity gate: each variant's first call of every timed cell (decode step, prefill call) samples the
+    # same tokens as the default's on the same inputs, with raw logprobs within 1e-5
     for v, st in zip(variants[1:], compiled[1:]):
-        for w in windows:
-            ref = compiled[0].decode[w](*args_for("decode", w))
-            out = st.decode[w](*args_for("decode", w))
+        for kind, w, c in cells:
+            ref, out = first_call(compiled[0], kind, w, c), first_call(st, kind, w, c)
             same_tok = bool(np.array_equal(np.asarray(ref[1]), np.asarray(out[1])))
             diff = float(np.max(np.abs(np.asarray(ref[3]) - np.asarray(out[3]))))
+            where = f"{kind} window {w}" + (f" chunk {c}" if c else "")
             if not same_tok or diff > 1e-5:
-                raise SystemExit(f"parity gate failed: variant {v[0]} at window {w}: same tokens {same_tok}, "
+                raise SystemExit(f"parity gate failed: variant {v[0]} at {where}: same tokens {same_tok}, "
                                  f"raw logprob max diff {diff:.2e}")
-            print(f"parity: {v[0]} window {w}: same sampled tokens, raw logprob max diff {diff:.1e}")
+            print(f"parity: {v[0]} {where}: same sampled tokens, raw logprob max diff {diff:.1e}")
 
-    cells = [("decode", w, None) for w in windows] + [("prefill", w, c) for w in windows for c in chunks if c <= w]
     times: dict[tuple, list[float]] = {}
     for _ in range(args.repeats):
         for kind, w, c in cells:

@@ -19,7 +19,8 @@ SMOKE = ["--config", os.path.join(REPO_ROOT, "experiments/configs/rl_quickstart.
 def test_the_decode_layouts_agree_and_are_timed(capsys):
     engine_steps.main(SMOKE + ["--variants", "absorbed-out=bshc"])
     out = capsys.readouterr().out
-    assert "parity: absorbed-out=bshc window 128: same sampled tokens" in out
+    assert "parity: absorbed-out=bshc decode window 128: same sampled tokens" in out
+    assert "parity: absorbed-out=bshc prefill window 128 chunk 16: same sampled tokens" in out
     assert re.search(r"decode window 128 \(4 rows\) +default +[0-9.]+ ms", out)
     assert "x the default" in out and "prefill window 128 chunk 16" in out
 
