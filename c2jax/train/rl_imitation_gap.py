@@ -11,6 +11,8 @@ pass rate with two policies that write a clean fix every time:
 
     python -m c2jax.train.rl_imitation_gap --eval runs/ig_s0/rl/eval_before --family DIR [--eval ...]
 
+(`--eval`: an RL stage's evaluation directory or a `python -m c2jax.bench run --out` directory.)
+
 prints one line per evaluation: samples, the share writing `*` / `-` / anything else, pass@1, pass@1
 among the samples that wrote either clean fix, and the two references.
 """
@@ -95,18 +97,18 @@ def report_lines(by_policy: dict[str, dict]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from c2jax.bench.agent_eval import load_rows
     from c2jax.envs.tasks import load_tasks
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--eval", action="append", required=True, help="a bench run directory (rows.json)")
+    ap.add_argument("--eval", action="append", required=True, help="a `bench run --out` directory or an RL stage's evaluation directory")
     ap.add_argument("--family", required=True, help="the variant's family directory (eval.jsonl, demo.jsonl)")
     ap.add_argument("--out", default=None, help="also write the results as JSON here")
     a = ap.parse_args(argv)
     ev, demo = load_tasks(os.path.join(a.family, "eval.jsonl")), load_tasks(os.path.join(a.family, "demo.jsonl"))
     res = {}
     for d in a.eval:
-        with open(os.path.join(d, "rows.json")) as f:
-            r = analyse(json.load(f), ev, demo)
+        r = analyse(load_rows(d)[0], ev, demo)
         res[d] = r
         sh = r["share"]
         print(f"{d}: {r['samples']} samples; writes * {sh['*']:.3f}, - {sh['-']:.3f}, other {sh['other']:.3f}, "

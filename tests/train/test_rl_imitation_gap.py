@@ -52,12 +52,19 @@ def test_cli_reads_a_bench_run_and_a_family(tmp_path, monkeypatch, capsys):
     fam.mkdir()
     ev, demo = [_task("a", "*")], [_task("d", "*"), _task("e", "-")]
     monkeypatch.setattr(tasks_mod, "load_tasks", lambda p: ev if p.endswith("eval.jsonl") else demo)
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "rows.json").write_text(json.dumps([{"instance_id": "a", "samples": [{"diff": _diff("*"), "resolved": True}]}]))
-    assert main(["--eval", str(run), "--family", str(fam), "--out", str(tmp_path / "o.json")]) == 0
-    assert "imitation 0.500, likelier fix 1.000" in capsys.readouterr().out
-    assert json.loads((tmp_path / "o.json").read_text())[str(run)]["pass_at_1"] == 1.0
+    rows = [{"instance_id": "a", "samples": [{"diff": _diff("*"), "resolved": True}]}]
+    stage_eval = tmp_path / "stage_eval"  # an RL stage's evaluation: rows.json beside results.json
+    stage_eval.mkdir()
+    (stage_eval / "rows.json").write_text(json.dumps(rows))
+    (stage_eval / "results.json").write_text(json.dumps({"overall": {"pass@1": 1.0}}))
+    bench_out = tmp_path / "bench_out"  # `bench run --out`: the rows inside results.json
+    bench_out.mkdir()
+    (bench_out / "results.json").write_text(json.dumps({"summary": {}, "tasks": rows}))
+    argv = ["--eval", str(stage_eval), "--eval", str(bench_out), "--family", str(fam), "--out", str(tmp_path / "o.json")]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.count("imitation 0.500, likelier fix 1.000") == 2
+    res = json.loads((tmp_path / "o.json").read_text())
+    assert res[str(stage_eval)]["pass_at_1"] == res[str(bench_out)]["pass_at_1"] == 1.0
 
 
 def test_report_section_lists_each_policy_and_the_references():
