@@ -21,13 +21,17 @@ Concurrency: an asyncio semaphore keeps at most `max_in_flight` episodes in flig
 sandbox (from `pool` when given: give it ``max_concurrency >= max_in_flight`` or episodes wait for
 sandboxes, and ``max_queue >= max_in_flight`` or they are refused with `PoolFull`, i.e. masked) and
 sends its turns to the policy; an `EnginePolicy` puts them all into the engine's continuous batch
-(build the engine with ``max_slots >= max_in_flight``). Sandbox starts, tools and grading run in
-worker threads: the loop's default executor is given enough of them.
+(build the engine with ``max_slots >= max_in_flight``). An episode holds its place only while it
+solves; its grading then waits for one of another `max_in_flight` grading places, so the next
+episode starts on the engine while the grader runs (`c2jax.agent.rollout`, solve_gate / grade_gate).
+Sandbox starts, tools and grading run in worker threads: the loop's default executor is given enough
+of them.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import concurrent.futures as cf
 import dataclasses
 import json
@@ -130,7 +134,8 @@ async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any
     rows: list[dict[str, Any] | None] = [done.get((t.instance_id, d)) for t, d in zip(tasks, digests)]
     todo = [i for i, r in enumerate(rows) if r is None]
     ensure_threads(2 * max_in_flight + 8)
-    sem = asyncio.Semaphore(max_in_flight)
+    sem = asyncio.Semaphore(max_in_flight)  # episodes solving (sandbox + policy): the engine's batch
+    grade_sem = asyncio.Semaphore(max_in_flight)  # graders running; a finished episode frees its solve slot
     st = stats if stats is not None else {}
     st.update(max_in_flight_seen=0, episodes=0, exceptions=0)
     in_flight = 0
@@ -161,28 +166,34 @@ async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any
             log.info("%s: %d/%d %s resolved=%s", key, n_done, len(tasks), tasks[i].instance_id,
                      [s["resolved"] for s in rows[i]["samples"]])
 
-    async def one(i: int, s: int) -> None:
+    @contextlib.asynccontextmanager
+    async def solving():
         nonlocal in_flight
-        task = tasks[i]
         async with sem:
             in_flight += 1
             st["max_in_flight_seen"] = max(st["max_in_flight_seen"], in_flight)
             try:
-                ep = await arollout(harness, policy, task, pool=pool, sample=s, grade_fn=grade_fn)
-                row = sample_row(ep, s)
-                if tf is not None:
-                    tf.write(json.dumps({"instance_id": task.instance_id, "sample": s, "resolved": row["resolved"],
-                                         "stop_reason": row["stop_reason"], "diff": row["diff"],
-                                         "messages": ep.messages}) + "\n")
-                    tf.flush()
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                raise
-            except Exception as e:  # noqa: BLE001 - the policy/endpoint failed: masked, reported
-                log.warning("%s#%d: %s: %s", task.instance_id, s, type(e).__name__, e)
-                st["exceptions"] += 1
-                row = _exception_row(task, s, e)
+                yield
             finally:
                 in_flight -= 1
+
+    async def one(i: int, s: int) -> None:
+        task = tasks[i]
+        try:
+            ep = await arollout(harness, policy, task, pool=pool, sample=s, grade_fn=grade_fn,
+                                solve_gate=solving(), grade_gate=grade_sem)
+            row = sample_row(ep, s)
+            if tf is not None:
+                tf.write(json.dumps({"instance_id": task.instance_id, "sample": s, "resolved": row["resolved"],
+                                     "stop_reason": row["stop_reason"], "diff": row["diff"],
+                                     "messages": ep.messages}) + "\n")
+                tf.flush()
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 - the policy/endpoint failed: masked, reported
+            log.warning("%s#%d: %s: %s", task.instance_id, s, type(e).__name__, e)
+            st["exceptions"] += 1
+            row = _exception_row(task, s, e)
         st["episodes"] += 1
         per_task[i].append(row)
         if len(per_task[i]) == k:

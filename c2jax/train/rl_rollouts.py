@@ -19,6 +19,7 @@ The grader's reward goes into ``reward_terms['task']`` (what ``rl.rewards.task``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import time
@@ -85,20 +86,32 @@ def _announcing(grade_fn: Callable, announce: Callable[[], None]) -> Callable:
 
 
 async def _one(harness: Any, policy: Any, task: Any, k: int, pool: Any, sem: asyncio.Semaphore, max_len: int,
-               grade_fn: Callable | None, on_state: Callable[[Any, int, str], None] | None = None) -> Sample:
+               grade_fn: Callable | None, on_state: Callable[[Any, int, str], None] | None = None,
+               grade_sem: asyncio.Semaphore | None = None) -> Sample:
+    """One graded sample: `sem` bounds the episodes solving, `grade_sem` those grading (a finished
+    episode frees its place in `sem` before its grader runs; see c2jax.agent.rollout)."""
     from c2jax.agent.rollout import failed_episode, arollout
 
-    async with sem:
-        if on_state is not None:
-            on_state(task, k, "rolling_out")
-            grade_fn = _announcing(grade_fn, lambda: on_state(task, k, "grading"))
-        t0 = time.monotonic()
-        try:
-            ep = await arollout(harness, policy, task, pool=pool, sample=k, grade_fn=grade_fn)
-        except Exception as e:  # noqa: BLE001 - a crashed rollout is masked and counted, never fatal
-            ep = failed_episode(task, k, f"{type(e).__name__}: {e}")
-            ep.trajectory.metadata["mask_reason"] = f"error:{type(e).__name__}"
-        wall = time.monotonic() - t0
+    t0 = time.monotonic()
+
+    @contextlib.asynccontextmanager
+    async def solving():
+        nonlocal t0
+        async with sem:
+            t0 = time.monotonic()  # the sample's wall time starts when it gets its place
+            if on_state is not None:
+                on_state(task, k, "rolling_out")
+            yield
+
+    if on_state is not None:
+        grade_fn = _announcing(grade_fn, lambda: on_state(task, k, "grading"))
+    try:
+        ep = await arollout(harness, policy, task, pool=pool, sample=k, grade_fn=grade_fn,
+                            solve_gate=solving(), grade_gate=grade_sem)
+    except Exception as e:  # noqa: BLE001 - a crashed rollout is masked and counted, never fatal
+        ep = failed_episode(task, k, f"{type(e).__name__}: {e}")
+        ep.trajectory.metadata["mask_reason"] = f"error:{type(e).__name__}"
+    wall = time.monotonic() - t0
     traj = ep.trajectory
     reason = traj.metadata.get("mask_reason") or check_sample(traj, max_len)
     if reason:
@@ -112,15 +125,16 @@ async def _one(harness: Any, policy: Any, task: Any, k: int, pool: Any, sem: asy
 async def acollect(harness: Any, policy: Any, tasks: Sequence[Any], *, group_size: int, pool: Any = None,
                    max_in_flight: int = 32, max_len: int = 1 << 30, grade_fn: Callable | None = None,
                    on_state: Callable[[Any, int, str], None] | None = None) -> list[Sample]:
-    """`group_size` graded episodes per task, at most `max_in_flight` at once; order: task-major.
+    """`group_size` graded episodes per task, at most `max_in_flight` solving at once (and as many
+    grading); order: task-major.
     `on_state(task, k, state)` (optional) hears each episode start ``rolling_out`` and, just before
     its grader runs, ``grading`` (the asynchronous services' sample lifecycle)."""
     from c2jax.bench.agent_eval import ensure_threads
 
     grade_fn = grade_fn or grade_validated
     ensure_threads(2 * max_in_flight + 8)  # sandbox starts, tools and grading run in threads: room for every episode
-    sem = asyncio.Semaphore(max_in_flight)
-    return list(await asyncio.gather(*(_one(harness, policy, t, k, pool, sem, max_len, grade_fn, on_state)
+    sem, grade_sem = asyncio.Semaphore(max_in_flight), asyncio.Semaphore(max_in_flight)
+    return list(await asyncio.gather(*(_one(harness, policy, t, k, pool, sem, max_len, grade_fn, on_state, grade_sem)
                                        for t in tasks for k in range(group_size))))
 
 

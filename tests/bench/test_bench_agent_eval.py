@@ -511,3 +511,67 @@ def test_merged_seeds_give_the_unbiased_pass_at_k_of_all_samples(tmp_path):
     want = np.mean([pass_at_k(16, sum(outs["b"][t] + outs["b2"][t]), 8) - pass_at_k(16, sum(outs["a"][t] + outs["a2"][t]), 8)
                     for t in outs["a"]])
     assert set(d) == {"pass@1", "pass@8", "pass@16"} and d["pass@8"]["mean"] == pytest.approx(want)
+
+
+def _episodes_begun_while_grading(repo_env, mode: str, wait_s: float) -> int:
+    """4 episodes (2 tasks x k=2) with 2 places. Each grader holds until all 4 episodes have begun
+    their first turn (or `wait_s` passes); returns how many had begun when the first grader went on.
+    mode: 'eval' (evaluate_agent), 'rl' (the RL stage's acollect), or 'one_place' (the positive
+    control: one semaphore held through solving and grading, as before solve_gate / grade_gate)."""
+    import threading
+
+    from c2jax.agent.harness import Harness
+    from c2jax.agent.policies import OraclePolicy
+    from c2jax.agent.rollout import arollout
+    from c2jax.bench.agent_eval import evaluate_agent
+    from c2jax.train.rl_rollouts import collect
+
+    fmt = chat_format()
+    lock, begun, all_begun, seen = threading.Lock(), set(), threading.Event(), []
+
+    class Counting(OraclePolicy):
+        def generate(self, req):
+            if req.turn == 0:
+                with lock:
+                    begun.add(req.sample_id)
+                    if len(begun) == 4:
+                        all_begun.set()
+            return super().generate(req)
+
+    def grade(task, diff):
+        all_begun.wait(wait_s)
+        with lock:
+            seen.append(len(begun))
+        return _fake_grade(task, diff)
+
+    tasks = [make_task(repo_env[1], f"gate{i}") for i in range(2)]
+    pol = Counting(fmt, FIX_PATCH)
+    if mode == "eval":
+        stats: dict = {}
+        rows = evaluate_agent(tasks, Harness(fmt), pol, k=2, max_in_flight=2, grade_fn=grade, stats=stats)
+        assert stats["max_in_flight_seen"] == 2 and stats["episodes"] == 4  # the solve bound still holds
+        assert all(s["resolved"] and not s["masked"] for r in rows for s in r["samples"])
+    elif mode == "rl":
+        samples = collect(Harness(fmt), pol, tasks, group_size=2, max_in_flight=2, grade_fn=grade)
+        assert [(s.task.instance_id, s.index) for s in samples] == [(t.instance_id, k) for t in tasks for k in range(2)]
+        assert all(not s.mask_reason and s.trajectory.reward_terms["task"] == 1.0 for s in samples)
+    else:
+        async def run():
+            sem = asyncio.Semaphore(2)
+
+            async def one(task, s):
+                async with sem:
+                    return await arollout(Harness(fmt), pol, task, sample=s, grade_fn=grade)
+            return await asyncio.gather(*(one(t, s) for s in range(2) for t in tasks))
+        asyncio.run(run())
+    assert len(seen) == 4
+    return seen[0]
+
+
+@pytest.mark.parametrize("mode", ["eval", "rl"])
+def test_a_grading_episode_frees_its_place_for_the_next(repo_env, mode):
+    """An episode holds its place (the engine's batch) only while it solves: with 2 places, the 3rd
+    and 4th episodes begin while the first two are being graded. Positive control: one place held
+    through grading, the graders wait in vain (only 2 episodes begin until a grader gives up)."""
+    assert _episodes_begun_while_grading(repo_env, mode, wait_s=60.0) == 4
+    assert _episodes_begun_while_grading(repo_env, "one_place", wait_s=2.0) == 2
