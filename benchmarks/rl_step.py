@@ -383,10 +383,9 @@ def main(argv=None) -> int:
 
     from c2jax.train.rl import resolved_rl
 
-    if args.compile_cache:
-        jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.compile_cache))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    from c2jax.compile_cache import enable_compile_cache
+
+    enable_compile_cache(args.compile_cache, min_compile_time_s=0.0)
     clock = CompileClock()
     config = load_config(args.config)
     if args.max_turns is not None:

@@ -202,10 +202,9 @@ def ab_step_time(args) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.compile_cache:
-        jax.config.update("jax_compilation_cache_dir", os.path.abspath(args.compile_cache))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    from c2jax.compile_cache import enable_compile_cache
+
+    enable_compile_cache(args.compile_cache, min_compile_time_s=0.0)
     cores = os.cpu_count() or 1
     print(f"# weight_deltas: model {args.model} (CPT train step, not the RL learner), batch {args.batch} x {args.seq}, "
           f"wire dtype bfloat16, zstd level {args.level}; jax {jax.__version__} on {jax.default_backend()}")

@@ -6,6 +6,10 @@ compute; a bad config exits with status 2 and a message naming each bad key and 
 range. Results go to `--workdir` (default `runs/<config name>`): `summary.json` per stage, plus
 what each stage writes (checkpoints, metrics, plots).
 
+Compiled programs are kept in JAX's persistent compilation cache (`--compile_cache DIR`, default
+``<build.dir>/xla`` for configs with a build cache, '' off), so a second seed or a rerun does not
+compile them again (c2jax/compile_cache.py).
+
 Multi-host: when `C2JAX_COORDINATOR` (host:port), `C2JAX_NUM_PROCESSES` and `C2JAX_PROCESS_ID`
 are set, `jax.distributed.initialize` is called before anything touches a device.
 """
@@ -21,6 +25,9 @@ from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file[:arg].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory (default runs/<config name>).")
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache", None, "JAX persistent compilation cache directory (default <build.dir>/xla when the "
+    "config has a build cache; '' turns it off). See c2jax/compile_cache.py.")
 
 
 def maybe_initialize_distributed() -> None:
@@ -54,6 +61,10 @@ def main(argv: list[str]) -> int:
     name = os.path.splitext(os.path.basename(str(cfg_path).split(":")[0]))[0]
     workdir = _WORKDIR.value or os.path.join("runs", name)
     maybe_initialize_distributed()
+    from c2jax.compile_cache import default_cache_dir, enable_compile_cache
+
+    cache = _COMPILE_CACHE.value
+    enable_compile_cache(default_cache_dir(config) if cache is None else cache)
     from c2jax.train.stages import run_stages
 
     try:

@@ -50,6 +50,7 @@ FLOORS: dict[str, int] = {
     "c2jax.batching": 1,
     "c2jax.checkpoint": 1,
     "c2jax.atomic": 1,
+    "c2jax.compile_cache": 1,
     "c2jax.sync": 1,
 }
 # Entries that name one module only, not the modules under it: a new top-level module of c2jax must

@@ -53,6 +53,9 @@ def _run_agent(a) -> int:
         toyfix_envs(tasks)  # generated tasks: re-created from their records
         if missing_envs(tasks):
             print(format_report(materialize_envs(tasks, pypi_cache=a.pypi_cache)), file=sys.stderr)
+    from c2jax.compile_cache import enable_compile_cache
+
+    enable_compile_cache(a.compile_cache)
     try:
         setup = build_agent(a.policy, checkpoint=a.checkpoint, tokenizer=a.tokenizer, model_preset=a.model_preset,
                             base_url=a.base_url, model=a.model, api_key=a.api_key, temperature=a.temperature,
@@ -135,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--no-grade-cache", action="store_true",
                    help="grade every sample (default: each distinct (task, diff) once; c2jax.envs.grade_cache)")
     g.add_argument("--agent-config", default=None, help="experiments/configs/NAME.py[:preset]: its config.agent")
+    g.add_argument("--compile-cache", default=None,
+                   help="engine: JAX persistent compilation cache directory, e.g. runs/cache/xla (the RL stage's "
+                        "default), so a repeated evaluation does not compile the engine again (c2jax/compile_cache.py)")
     g.add_argument("--ks", default=None, help="pass@k reported, e.g. 1,8 (default: 1 and --k)")
     g.add_argument("--transcripts", action="store_true",
                    help="also write OUT/transcripts.jsonl: every episode's messages (what the agent did)")
