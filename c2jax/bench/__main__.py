@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 
 def _tasks_path(suite: str, split: str | None) -> str:
@@ -65,6 +66,7 @@ def _run_agent(a) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     pool = None
+    t_start = time.monotonic()
     try:
         if a.max_sandboxes:
             from c2jax.envs.pool import SandboxPool
@@ -87,8 +89,21 @@ def _run_agent(a) -> int:
     print(summary["table"])
     if grade_fn is not None:
         print(f"grading: {grade_fn.stats()} (--no-grade-cache grades every sample)")
+    engine = getattr(setup.policy, "engine", None)
+    if engine is not None:
+        print(engine_line(engine.stats, engine.config.max_slots))
+    print(f"wall: {time.monotonic() - t_start:.1f} s (episodes and grading, after loading the policy)")
     print(f"results: {out}/results.json, per-task rows: {out}/tasks.jsonl")
     return 0
+
+
+def engine_line(stats: dict, slots: int) -> str:
+    """How full the engine's batch was: decode steps, mean rows carrying a sequence, prefill calls."""
+    steps = int(stats.get("decode_steps", 0))
+    rows = stats.get("decode_rows", 0) / steps if steps else 0.0
+    return (f"engine: {steps} decode steps, mean {rows:.1f} of {slots} rows active; "
+            f"{int(stats.get('prefill_calls', 0))} prefill calls ({int(stats.get('prefill_tokens', 0))} tokens), "
+            f"{int(stats.get('generated_tokens', 0))} tokens generated")
 
 
 def main(argv: list[str] | None = None) -> int:

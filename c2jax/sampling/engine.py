@@ -485,6 +485,7 @@ class Engine:
             win, self.params, self.cache, jnp.asarray(tok), jnp.asarray(active), self._samp_device(), jnp.asarray(draw))
         nxt, lps, lpr, routes = jax.device_get((nxt, lps, lpr, routes))
         self.stats["decode_steps"] += 1
+        self.stats["decode_rows"] += int(active.sum())  # rows that carried a sequence (the rest idle)
         for s in np.flatnonzero(active):
             self._fed(s, tok[s], routes[s])
             seq = self.row_seq[s]

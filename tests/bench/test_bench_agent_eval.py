@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -390,6 +391,11 @@ def test_cli_run_twice_and_compare(ckpt, repo_env, tmp_path, capsys):
                    "0", "--seed", "0", "--max-in-flight", "4", "--max-slots", "32", "--max-len", str(MAX_LEN), "--agent-config",
                    f"{cfgf}:1", "--no-materialize", "--out", out])
         assert rc == 0
+        printed = capsys.readouterr().out
+        m = re.search(r"engine: (\d+) decode steps, mean ([\d.]+) of 32 rows active; (\d+) prefill calls", printed)
+        assert m and "wall: " in printed, printed
+        # 6 episodes, at most 4 in flight: every prompt prefilled, never more than 4 of 32 rows decoding
+        assert int(m.group(1)) >= 1 and 0 < float(m.group(2)) <= 4 and int(m.group(3)) >= 6
         outs.append(out)
         res = json.load(open(os.path.join(out, "results.json")))
         assert res["summary"]["overall"]["pass@1"] == 0.0 and res["summary"]["overall"]["masked_rate"] == 0.0
