@@ -81,7 +81,7 @@ def _run_agent(a) -> int:
         summary = run_agent_suite(tasks, setup, out, k=a.k, ks=ks, max_in_flight=a.max_in_flight, pool=pool,
                                   grade_fn=grade_fn, resume=not a.fresh, progress=True if sys.stderr.isatty() else None,
                                   title=f"{a.policy} on {os.path.basename(a.suite.rstrip('/'))}",
-                                  transcripts=a.transcripts)
+                                  transcripts=a.transcripts, hold_place_while_grading=a.hold_place_while_grading)
     finally:
         if pool is not None:
             pool.close()
@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--no-grade-cache", action="store_true",
                    help="grade every sample (default: each distinct (task, diff) once; c2jax.envs.grade_cache)")
     g.add_argument("--agent-config", default=None, help="experiments/configs/NAME.py[:preset]: its config.agent")
+    g.add_argument("--hold-place-while-grading", action="store_true",
+                   help="the old schedule, as a baseline: an episode keeps its place (engine row) while graded")
     g.add_argument("--compile-cache", default=None,
                    help="engine: JAX persistent compilation cache directory, e.g. runs/cache/xla (the RL stage's "
                         "default), so a repeated evaluation does not compile the engine again (c2jax/compile_cache.py)")

@@ -111,7 +111,8 @@ def ensure_threads(n: int) -> None:
 async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any, *, k: int, pool: Any = None,
                           max_in_flight: int = 32, grade_fn: Callable | None = None, progress: Any = None,
                           journal: str | None = None, journal_key: str | None = None,
-                          stats: dict | None = None, transcripts: str | None = None) -> list[dict[str, Any]]:
+                          stats: dict | None = None, transcripts: str | None = None,
+                          hold_place_while_grading: bool = False) -> list[dict[str, Any]]:
     """k graded episodes per task (`c2jax.agent.rollout.arollout`), at most `max_in_flight` at once.
 
     Returns per-task rows in task order (see the module docstring). progress: a callable
@@ -121,7 +122,8 @@ async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any
     ``max_in_flight_seen`` (the most episodes in flight together) and ``episodes``. transcripts: a
     JSONL file each finished episode's OpenAI-shaped messages are appended to (one line per sample:
     instance_id, sample, resolved, stop_reason, diff, messages: one list per context), to read what
-    the agent did.
+    the agent did. hold_place_while_grading: the schedule before 2026-12-07 (an episode keeps its
+    place through grading), kept as the baseline of the comparison in the README.
     """
     from c2jax.agent.rollout import arollout
     from c2jax.bench.run import load_journal, task_digest
@@ -180,8 +182,12 @@ async def aevaluate_agent(tasks: Sequence[TaskRecord], harness: Any, policy: Any
     async def one(i: int, s: int) -> None:
         task = tasks[i]
         try:
-            ep = await arollout(harness, policy, task, pool=pool, sample=s, grade_fn=grade_fn,
-                                solve_gate=solving(), grade_gate=grade_sem)
+            if hold_place_while_grading:
+                async with solving():
+                    ep = await arollout(harness, policy, task, pool=pool, sample=s, grade_fn=grade_fn)
+            else:
+                ep = await arollout(harness, policy, task, pool=pool, sample=s, grade_fn=grade_fn,
+                                    solve_gate=solving(), grade_gate=grade_sem)
             row = sample_row(ep, s)
             if tf is not None:
                 tf.write(json.dumps({"instance_id": task.instance_id, "sample": s, "resolved": row["resolved"],
@@ -357,7 +363,8 @@ def build_agent(policy: str, *, checkpoint: str | None = None, tokenizer: str | 
 def run_agent_suite(tasks: Sequence[TaskRecord], setup: AgentSetup, out_dir: str, *, k: int,
                     ks: Sequence[int] | None = None, max_in_flight: int = 32, pool: Any = None,
                     grade_fn: Callable | None = None, resume: bool = True, progress: Any = None,
-                    title: str = "", seed: int = 0, transcripts: bool = False) -> dict[str, Any]:
+                    title: str = "", seed: int = 0, transcripts: bool = False,
+                    hold_place_while_grading: bool = False) -> dict[str, Any]:
     """Evaluate, summarise, and write ``results.json`` ({"summary", "tasks"}), ``results.txt`` and
     ``tasks.jsonl`` (one per-task row a line: what `compare` pairs), and with `transcripts`
     ``transcripts.jsonl`` (every episode's messages). Finished tasks are journalled in
@@ -371,7 +378,8 @@ def run_agent_suite(tasks: Sequence[TaskRecord], setup: AgentSetup, out_dir: str
     stats: dict = {}
     rows = evaluate_agent(tasks, setup.harness, setup.policy, k=k, pool=pool, max_in_flight=max_in_flight,
                           grade_fn=grade_fn, progress=progress, journal=journal, journal_key=setup.key, stats=stats,
-                          transcripts=os.path.join(out_dir, "transcripts.jsonl") if transcripts else None)
+                          transcripts=os.path.join(out_dir, "transcripts.jsonl") if transcripts else None,
+                          hold_place_while_grading=hold_place_while_grading)
     summary = summarize_agent(rows, ks, seed)
     summary.update(policy=setup.key.split(":", 1)[0], settings=json.loads(setup.key.split(":", 1)[1])
                    if ":" in setup.key else {}, k=k, wall_s=round(time.monotonic() - t0, 2), eval_stats=stats,

@@ -522,8 +522,9 @@ def test_merged_seeds_give_the_unbiased_pass_at_k_of_all_samples(tmp_path):
 def _episodes_begun_while_grading(repo_env, mode: str, wait_s: float) -> int:
     """4 episodes (2 tasks x k=2) with 2 places. Each grader holds until all 4 episodes have begun
     their first turn (or `wait_s` passes); returns how many had begun when the first grader went on.
-    mode: 'eval' (evaluate_agent), 'rl' (the RL stage's acollect), or 'one_place' (the positive
-    control: one semaphore held through solving and grading, as before solve_gate / grade_gate)."""
+    mode: 'eval' (evaluate_agent), 'rl' (the RL stage's acollect), 'one_place' (the positive
+    control: one semaphore held through solving and grading, as before solve_gate / grade_gate) or
+    'hold_flag' (evaluate_agent's hold_place_while_grading, the baseline `bench run` keeps)."""
     import threading
 
     from c2jax.agent.harness import Harness
@@ -561,6 +562,8 @@ def _episodes_begun_while_grading(repo_env, mode: str, wait_s: float) -> int:
         samples = collect(Harness(fmt), pol, tasks, group_size=2, max_in_flight=2, grade_fn=grade)
         assert [(s.task.instance_id, s.index) for s in samples] == [(t.instance_id, k) for t in tasks for k in range(2)]
         assert all(not s.mask_reason and s.trajectory.reward_terms["task"] == 1.0 for s in samples)
+    elif mode == "hold_flag":  # the baseline schedule behind `bench run --hold-place-while-grading`
+        evaluate_agent(tasks, Harness(fmt), pol, k=2, max_in_flight=2, grade_fn=grade, hold_place_while_grading=True)
     else:
         async def run():
             sem = asyncio.Semaphore(2)
@@ -581,3 +584,5 @@ def test_a_grading_episode_frees_its_place_for_the_next(repo_env, mode):
     through grading, the graders wait in vain (only 2 episodes begin until a grader gives up)."""
     assert _episodes_begun_while_grading(repo_env, mode, wait_s=60.0) == 4
     assert _episodes_begun_while_grading(repo_env, "one_place", wait_s=2.0) == 2
+    if mode == "eval":
+        assert _episodes_begun_while_grading(repo_env, "hold_flag", wait_s=2.0) == 2
