@@ -11,7 +11,9 @@ phases separately: an episode holds its solve slot (sandbox, policy turns) only 
 stops, and waits for a grading slot afterwards. Callers that batch on an engine use this so a
 finished episode's slot goes to the next episode while the grader runs: holding one slot through
 both phases left about a third of the engine's rows idle in a quickstart evaluation (mean 21.6 of
-32 rows active per decode step), since grading takes about as long as solving on 2 cores.
+32 rows active per decode step), since grading takes about as long as solving on 2 cores. On those 2
+cores the evaluation's wall time did not change (fewer decode steps, each slower beside the graders;
+README, "where else an evaluation's time goes"); the gain is for machines with spare cores.
 
 `HarnessBenchPolicy(harness, policy)` plugs the harness into `c2jax.bench.run.run_policy` (solve ->
 Attempt with the diff and the policy's token count).
