@@ -3,6 +3,7 @@ call into one row, at each attention window, with same-process A/B variants of t
 
     python benchmarks/engine_steps.py                                   # quickstart policy, 32 slots
     python benchmarks/engine_steps.py --variants absorbed-out=bshc      # the decode layout before 2026-12-07
+    python benchmarks/engine_steps.py --variants draw-reduce=argmax     # the sampler's draw before 2026-12-07
     python benchmarks/engine_steps.py --windows 256 --chunks 16 --repeats 5 --steps 4   # smoke
 
 Why: an RL evaluation of the quickstart (2048 agent episodes) keeps the engine's loop busy for
@@ -49,6 +50,8 @@ VARIANTS = {
     # decode's absorbed value product: "bhsc" (default since 2026-12-07) or "bshc" (before)
     "absorbed-out": ("c2jax.model.mla", "ABSORBED_OUT"),
     "split-rope": ("c2jax.model.mla", "SPLIT_ROPE_SCORES"),
+    # the sampler's Gumbel-max reduction: "first" (default since 2026-12-07) or "argmax" (before)
+    "draw-reduce": ("c2jax.sampling.sample", "DRAW_REDUCE"),
 }
 
 

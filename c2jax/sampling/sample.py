@@ -29,6 +29,27 @@ def _row_keys(seeds: jax.Array, draw_index: jax.Array) -> jax.Array:
     return jax.vmap(one)(seeds.astype(jnp.uint32), draw_index.astype(jnp.int32))
 
 
+# The Gumbel-max draw's reduction: "first" (`first_argmax`, the default since 2026-12-07) or
+# "argmax" (`jnp.argmax`, before; kept as the A/B baseline of benchmarks/engine_steps.py).
+DRAW_REDUCE = "first"
+
+
+def first_argmax(x: jax.Array) -> jax.Array:
+    """`jnp.argmax(x, axis=-1)` (first index of the maximum; the first NaN if a row has one), as
+    a max, a compare and a min over indices: [B, V] -> [B] int32.
+
+    Why: XLA:CPU fuses the Gumbel noise's elementwise work into argmax's (value, index) reduction
+    and runs it as a scalar loop; with the quickstart's 32 x 4096 logits that took ~2 ms of a
+    ~12 ms decode step. The three plain reductions vectorise (`benchmarks/engine_steps.py`). The
+    result is the same integer as `jnp.argmax` for every input (ties, +-inf, NaN:
+    tests/sampling/test_sampling_first_argmax.py)."""
+    V = x.shape[-1]
+    m = jnp.max(x, axis=-1, keepdims=True)  # NaN if the row has one
+    hit = (x == m) | jnp.isnan(x)  # a NaN row: x == m is False everywhere, the first NaN wins
+    idx = jnp.arange(V, dtype=jnp.int32)
+    return jnp.min(jnp.where(hit, idx, V), axis=-1).astype(jnp.int32)
+
+
 def truncation_mask(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
     """Bool mask [B, V] of the tokens kept by top-k then top-p (nucleus) on tempered logits.
 
@@ -76,7 +97,10 @@ def sample_tokens(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, t
     def draw():
         keys = _row_keys(seeds, draw_index)
         gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (V,), jnp.float32))(keys)
-        return jnp.argmax(masked + gumbel, axis=-1).astype(jnp.int32)
+        z = masked + gumbel  # [B, V]
+        if DRAW_REDUCE == "argmax":
+            return jnp.argmax(z, axis=-1).astype(jnp.int32)
+        return first_argmax(z)  # [B] (= jnp.argmax, see first_argmax)
 
     drawn = jax.lax.cond(jnp.any(~greedy), draw, lambda: jnp.zeros((B,), jnp.int32))
     best = jnp.argmax(logits, axis=-1)
