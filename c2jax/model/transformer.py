@@ -53,7 +53,20 @@ from c2jax.model.rope import rope_cos_sin
 
 # ---- init ----------------------------------------------------------------------------------
 
-SCAN_UNROLL: Union[int, bool] = 1  # lax.scan unroll of the layer loops (benchmarks/model_step.py A/B)
+SCAN_UNROLL: Union[int, bool, str] = 1  # lax.scan unroll of the layer loops (benchmarks/model_step.py A/B);
+# "python": a Python loop over the layers (no scan, so no stacked buffers for the backward's residuals)
+
+
+def _layer_loop(step: Callable, h: jax.Array, xs, n: int):
+    """`jax.lax.scan(step, h, xs, unroll=SCAN_UNROLL)`, or with SCAN_UNROLL == "python" the same
+    loop written out in Python (per-layer slices of xs, outputs stacked on a leading axis)."""
+    if SCAN_UNROLL != "python":
+        return jax.lax.scan(step, h, xs, unroll=SCAN_UNROLL)
+    ys = []
+    for i in range(n):
+        h, y = step(h, jax.tree.map(lambda x: x[i], xs))
+        ys.append(y)
+    return h, jax.tree.map(lambda *a: jnp.stack(a), *ys)
 
 
 # Kept in float32 whatever param_dtype is (as transformers' `_keep_in_fp32_modules_strict` and our
@@ -133,6 +146,13 @@ def transformer_block(p: dict, h: jax.Array, cos, sin, mask, cfg: ModelConfig, l
     return h + y, new_cache, stats
 
 
+def lm_head_logits(params: dict, hidden: jax.Array) -> jax.Array:
+    """f32 logits of final-normed hidden states: [..., D] -> [..., V]. `apply` computes its logits
+    with this; the RL learner calls it on the positions it needs only (an unused full `logits`
+    output of a jitted `apply` is then removed by XLA)."""
+    return dense(hidden, params["lm_head"]["kernel"]).astype(jnp.float32)
+
+
 def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Optional[jax.Array] = None,
           positions: Optional[jax.Array] = None, cache: Optional[dict] = None,
           routes: Optional[jax.Array] = None, attend_fn: Optional[Callable] = None,
@@ -173,8 +193,8 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
             h, nc, _ = transformer_block(lp, h, cos, sin, mask, cfg, lc, slots, valid, None, moe=False,
                               attend_fn=attend_fn)
             return h, nc
-        h, nc = jax.lax.scan(dense_step, h, (params["dense_layers"],
-                                             None if cache is None else cache["dense_layers"]), unroll=SCAN_UNROLL)
+        h, nc = _layer_loop(dense_step, h, (params["dense_layers"],
+                                            None if cache is None else cache["dense_layers"]), cfg.n_dense_layers)
         if cache is not None:
             new_cache["dense_layers"] = nc
 
@@ -188,15 +208,15 @@ def apply(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids: Opt
             h, nc, st = transformer_block(lp, h, cos, sin, mask, cfg, lc, slots, valid, lr, moe=True,
                                attend_fn=attend_fn, experts_fn=experts_fn)
             return h, (nc, st)
-        h, (nc, st) = jax.lax.scan(moe_step, h, (params["moe_layers"],
-                                                 None if cache is None else cache["moe_layers"],
-                                                 layer_routes), unroll=SCAN_UNROLL)
+        h, (nc, st) = _layer_loop(moe_step, h, (params["moe_layers"],
+                                                None if cache is None else cache["moe_layers"],
+                                                layer_routes), n_moe)
         if cache is not None:
             new_cache["moe_layers"] = nc
         moe_out = st
 
     hidden = rms_norm(h, params["final_norm"]["scale"], cfg.rms_norm_eps)
-    logits = dense(hidden, params["lm_head"]["kernel"]).astype(jnp.float32)  # [B, S, V]
+    logits = lm_head_logits(params, hidden)  # [B, S, V]
 
     e, k = cfg.moe.n_routed_experts, cfg.moe.top_k
     out = {

@@ -28,6 +28,33 @@ from c2jax.train.state import TrainState
 # pad_batch keys the learner does not need on device (dropped before jit).
 _HOST_ONLY = ("num_segments",)
 
+# Where the learner computes the LM head and the log-softmax: "loss_positions" (the default since
+# 2026-12-07) only at the positions a loss term or a diagnostic reads (loss_mask > 0: the policy's
+# tokens, about a third of a quickstart batch's positions), gathered to a bucketed count
+# (`logprob_positions`); "all" at every position (before; `benchmarks/rl_learner.py`'s baseline).
+# Every logprob the loss, the KL metrics and the mismatch diagnostics read is the same either way
+# (tests/train/test_rl_learner_positions.py); positions outside the set get logprob 0, which every
+# consumer masks out.
+LOGITS_AT = "loss_positions"
+LOGIT_BUCKETS = 8  # the gathered count is a multiple of (rows x positions) / LOGIT_BUCKETS
+
+
+def logprob_positions(loss_mask: Any, buckets: int = LOGIT_BUCKETS) -> np.ndarray | None:
+    """Flat indices [N] into ``loss_mask.reshape(-1)`` ([B, L]) at which the learner computes
+    logprobs: every position with loss_mask > 0, then the first positions without it as filler, up
+    to N = the smallest multiple of B*L/buckets that holds them (few distinct jit shapes), sorted.
+    The indices are distinct, so the scatter back to [B, L] is deterministic. None when N would be
+    every position (nothing to save: the caller takes the full-logits path)."""
+    m = np.asarray(loss_mask).reshape(-1) > 0
+    total = m.size
+    step = max(1, -(-total // int(buckets)))
+    n = max(step, -(-int(m.sum()) // step) * step)
+    if n >= total:
+        return None
+    picked = np.flatnonzero(m)
+    filler = np.flatnonzero(~m)[: n - picked.size]
+    return np.sort(np.concatenate([picked, filler])).astype(np.int32)
+
 
 def learner_model_config(cfg: Any, rl: Mapping[str, Any]) -> Any:
     """The model config the learner runs: dropless MoE impl, replay margin, no MTP forward."""
@@ -92,7 +119,7 @@ def rl_trainable_mask(cfg: Any, rl: Mapping[str, Any]) -> Any:
 
 def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
     """Build the learner's jitted functions for the resolved ``rl`` section `rl`."""
-    from c2jax.model.transformer import apply
+    from c2jax.model.transformer import apply, lm_head_logits
 
     cfg = learner_model_config(model_cfg, rl)
     temperature = float(rl["temperature"])
@@ -106,8 +133,13 @@ def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
         routes = batch.get("routes") if replay else None
         out = apply(params, batch["tokens"], cfg, segment_ids=batch["segment_ids"], positions=batch["positions"],
                     routes=routes)
-        logp = token_logprobs(out["logits"], batch["targets"], temperature)  # [B, L]
-        return logp, out
+        idx = batch.get("lp_index")  # [N] flat positions (logprob_positions) or absent: all positions
+        if idx is None:
+            return token_logprobs(out["logits"], batch["targets"], temperature), out  # [B, L]
+        b, l = batch["targets"].shape
+        h = out["hidden"].reshape(b * l, -1)[idx]  # [N, D]
+        lp = token_logprobs(lm_head_logits(params, h), batch["targets"].reshape(-1)[idx], temperature)  # [N]
+        return jnp.zeros((b * l,), jnp.float32).at[idx].set(lp, unique_indices=True).reshape(b, l), out
 
     @jax.jit
     def _logp_replay(params, batch):
@@ -119,15 +151,25 @@ def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
         logp, out = forward(params, batch, False)
         return logp, {"routes": out["routes"], "replaced_fraction": out["replaced_fraction"]}
 
+    with_entropy = dict(rl.get("token_filter") or {}).get("name", "none") != "none"
+
+    def prepared(batch):
+        """device_batch plus ``lp_index`` (LOGITS_AT; not with the entropy token filter, which reads
+        every position's full distribution)."""
+        b = device_batch(batch)
+        if LOGITS_AT == "loss_positions" and not with_entropy and "lp_index" not in b:
+            idx = logprob_positions(b["loss_mask"])
+            if idx is not None:
+                b["lp_index"] = idx
+        return b
+
     def logp(params, batch, replay: bool | None = None):
         replay = replay_default if replay is None else replay
-        batch = device_batch(batch)
+        batch = prepared(batch)
         if replay and "routes" not in batch:
             raise ValueError("router replay needs batch['routes'] (the sampler's routes); pad_batch adds them "
                              "only when every trajectory recorded routes")
         return (_logp_replay if replay else _logp_free)(params, batch)
-
-    with_entropy = dict(rl.get("token_filter") or {}).get("name", "none") != "none"
 
     def objective(params, batch, logp_ref, version):
         lp, out = forward(params, batch, replay_default)
@@ -152,12 +194,12 @@ def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
     _update_seen = jax.jit(_update_impl)
 
     def update(state: TrainState, batch, logp_ref=None, version: int = 0):
-        b = device_batch(batch)
+        b = prepared(batch)
         ref = None if logp_ref is None else jnp.asarray(logp_ref)
         return _update(state, b, ref, jnp.asarray(version, jnp.int32))
 
     def update_with_logp(state: TrainState, batch, logp_ref=None, version: int = 0):
-        b = device_batch(batch)
+        b = prepared(batch)
         if replay_default and "routes" not in b:
             raise ValueError("router replay needs batch['routes'] (the sampler's routes)")
         ref = None if logp_ref is None else jnp.asarray(logp_ref)
@@ -170,7 +212,7 @@ def make_learner(model_cfg: Any, rl: Mapping[str, Any], params: Any) -> Learner:
 
     def grads(params, batch, logp_ref=None, version: int = 0):
         ref = None if logp_ref is None else jnp.asarray(logp_ref)
-        return _grads(params, device_batch(batch), ref, jnp.asarray(version, jnp.int32))
+        return _grads(params, prepared(batch), ref, jnp.asarray(version, jnp.int32))
 
     return Learner(logp=logp, update=update, update_with_logp=update_with_logp, grads=grads, loss_fn=loss_fn, cfg=cfg, tx=tx)
 
