@@ -117,6 +117,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.repeats < perf.MIN_REPEATS:
         raise SystemExit(f"--repeats must be >= {perf.MIN_REPEATS} (median of at least {perf.MIN_REPEATS})")
+    variants = {"default": None}
+    variants.update({v[0]: v for v in parse_variants(args.variants)})
+    names = list(variants)
 
     from c2jax.config import load_config_file
     from c2jax.model import init
@@ -132,9 +135,6 @@ def main(argv=None) -> None:
     ref_params = jax.tree.map(lambda x: x * 1.0, params)
     batch = synthetic_batch(cfg, args.rows, args.row_len)
     mask = batch["loss_mask"] > 0
-    variants = {"default": None}
-    variants.update({v[0]: v for v in parse_variants(args.variants)})
-    names = list(variants)
 
     learners, outs = {}, {}
     t0 = time.perf_counter()
