@@ -1,0 +1,97 @@
+"""The attention backward's products that contract the query axis, as XLA:CPU runs them: the product as
+autodiff asks for it against the same product on an explicitly transposed copy.
+
+    python benchmarks/attention_dots.py                          # the `small` preset's causal block
+    python benchmarks/attention_dots.py --shape 64,4,128,640,24  # the RL quickstart learner's block
+    python benchmarks/attention_dots.py --repeats 5 --calls 2    # smoke
+
+Why: in a causal block's backward, dK = dS^T Q and dV = P^T dO contract the query axis, which is
+not the minor axis of dS [B,H,S,T] or P. XLA:CPU runs such a "TN" product off its fast matmul path
+(a plain `dot` thunk, not a `ynn_fusion`), so a custom VJP that hands it a transposed copy looked
+like a way to speed the step up (issue 15's lead). This script measures whether it would pay:
+
+  as asked     einsum('bhst,bhsk->bhtk', dS, Q)                       (what autodiff emits)
+  transposed   einsum('bhts,bhsk->bhtk', barrier(swapaxes(dS)), Q)    (copy, then the fast form)
+  copy alone   swapaxes(dS) materialised
+
+The barrier stops XLA folding the transpose back into the product. Both products are checked to
+agree (within 1e-4 relative) before timing. Printed: medians over ``--repeats`` (at least 5) of
+the mean over ``--calls`` calls, in ms, and the transposed form's total over the product as asked.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [p for p in (os.path.dirname(_HERE), _HERE) if p not in sys.path]
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import perf  # noqa: E402
+
+
+def timed(fn, args, repeats: int, calls: int) -> float:
+    """Median over `repeats` of the mean ms per call over `calls` calls (compiled first)."""
+    fn = jax.jit(fn)
+    jax.block_until_ready(fn(*args))
+    per = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        per.append((time.perf_counter() - t) / calls * 1e3)
+    return float(np.median(per))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="8,8,128,512,48",
+                    help="B,H,S,T,K: batch, heads, query block, keys, head dim (default: the small preset's "
+                         "causal block with qk = 32 + 16)")
+    ap.add_argument("--repeats", type=int, default=perf.MIN_REPEATS)
+    ap.add_argument("--calls", type=int, default=20)
+    args = ap.parse_args(argv)
+    if args.repeats < perf.MIN_REPEATS:
+        raise SystemExit(f"--repeats must be >= {perf.MIN_REPEATS} (median of at least {perf.MIN_REPEATS})")
+    try:
+        b, h, s, t, k = (int(x) for x in args.shape.split(","))
+    except ValueError:
+        raise SystemExit(f"--shape must be five integers B,H,S,T,K, got {args.shape!r}")
+    rng = np.random.default_rng(0)
+    ds = jnp.asarray(rng.standard_normal((b, h, s, t)).astype(np.float32))  # dS [B,H,S,T]
+    q = jnp.asarray(rng.standard_normal((b, h, s, k)).astype(np.float32))  # Q [B,H,S,K]
+
+    def as_asked(d, x):
+        return jnp.einsum("bhst,bhsk->bhtk", d, x)  # [B,H,T,K]
+
+    def transposed(d, x):
+        return jnp.einsum("bhts,bhsk->bhtk", jax.lax.optimization_barrier(jnp.swapaxes(d, 2, 3)), x)
+
+    def copy_alone(d):
+        return jax.lax.optimization_barrier(jnp.swapaxes(d, 2, 3))
+
+    a, c = np.asarray(jax.jit(as_asked)(ds, q)), np.asarray(jax.jit(transposed)(ds, q))
+    rel = float(np.abs(a - c).max() / np.abs(a).max())
+    if rel > 1e-4:
+        raise SystemExit(f"the two forms disagree (max rel diff {rel:.1e}): not timing them")
+    res = {"as_asked_ms": timed(as_asked, (ds, q), args.repeats, args.calls),
+           "transposed_ms": timed(transposed, (ds, q), args.repeats, args.calls),
+           "copy_ms": timed(copy_alone, (ds,), args.repeats, args.calls)}
+    print(f"dK = dS^T Q for dS [{b},{h},{s},{t}], Q [{b},{h},{s},{k}] (forms agree: max rel diff {rel:.1e}); "
+          f"ms per call, median of {args.repeats}")
+    print(f"as asked (TN)           {res['as_asked_ms']:.2f} ms")
+    print(f"transposed copy + NN    {res['transposed_ms']:.2f} ms   "
+          f"{res['transposed_ms'] / res['as_asked_ms']:.2f}x the product as asked")
+    print(f"  of which the copy     {res['copy_ms']:.2f} ms (the NN product alone ~"
+          f"{max(res['transposed_ms'] - res['copy_ms'], 0.0):.2f} ms)")
+    return res
+
+
+if __name__ == "__main__":
+    main()

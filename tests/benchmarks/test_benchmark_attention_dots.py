@@ -1,0 +1,34 @@
+"""benchmarks/attention_dots.py: both forms of the product are checked to agree before timing, and
+bad arguments fail before any compute."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from _paths import REPO_ROOT  # noqa: E402
+
+sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+import attention_dots  # noqa: E402
+
+
+def test_both_forms_agree_and_are_timed(capsys):
+    res = attention_dots.main(["--shape", "2,2,16,32,8", "--repeats", "5", "--calls", "2"])
+    out = capsys.readouterr().out
+    assert "forms agree" in out and "x the product as asked" in out
+    assert all(v > 0 for v in res.values())
+
+
+@pytest.mark.parametrize("argv", [["--repeats", "2"], ["--shape", "1,2,3"], ["--shape", "a,b,c,d,e"]])
+def test_bad_arguments_fail_before_compute(argv, monkeypatch):
+    monkeypatch.setattr(attention_dots, "timed", lambda *a, **k: pytest.fail("timed before checking"))
+    with pytest.raises(SystemExit):
+        attention_dots.main(argv)
+
+
+def test_forms_that_disagree_are_not_timed(monkeypatch):
+    # positive control: a "transposed copy" that scales the operand must stop the script before timing
+    monkeypatch.setattr(attention_dots.jax.lax, "optimization_barrier", lambda x: x * 2.0)
+    monkeypatch.setattr(attention_dots, "timed", lambda *a, **k: pytest.fail("timed forms that disagree"))
+    with pytest.raises(SystemExit, match="disagree"):
+        attention_dots.main(["--shape", "2,2,16,32,8"])
