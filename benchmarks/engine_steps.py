@@ -57,15 +57,7 @@ VARIANTS = {
 
 def parse_variants(text: str) -> list[tuple[str, str, str, Any]]:
     """'absorbed-out=bshc,split-rope=true' -> [(label, module, attr, value)]; bad names fail here."""
-    out = []
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        name, sep, raw = item.partition("=")
-        if not sep or name not in VARIANTS:
-            raise SystemExit(f"--variants: {item!r} is not NAME=VALUE with NAME in {sorted(VARIANTS)}")
-        value: Any = {"true": True, "false": False}.get(raw.lower(), raw)
-        mod, attr = VARIANTS[name]
-        out.append((item, mod, attr, value))
-    return out
+    return perf.parse_variants(text, VARIANTS)
 
 
 class Steps:

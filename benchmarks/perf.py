@@ -231,6 +231,22 @@ class Stats:
 MIN_REPEATS = 5
 
 
+def parse_variants(text: str, variants: dict) -> list:
+    """'name=value,...' -> [(label, module, attr, value)] for same-process A/B variants that set a
+    module attribute (`variants`: name -> (module, attribute)); 'true'/'false' become bools and
+    digit strings ints. An unknown name or a missing '=' exits before any compute."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, raw = item.partition("=")
+        if not sep or name not in variants:
+            raise SystemExit(f"--variants: {item!r} is not NAME=VALUE with NAME in {sorted(variants)}")
+        value = {"true": True, "false": False}.get(raw.lower(), raw)
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        out.append((item, *variants[name], value))
+    return out
+
+
 def time_repeats(fn: Callable[[], object], repeats: int = MIN_REPEATS, warmup: int = 1) -> Stats:
     """Call `fn` `warmup` times untimed, then `repeats` times timed (wall clock, perf_counter).
     `fn` must block until its work is done (e.g. `jax.block_until_ready`)."""

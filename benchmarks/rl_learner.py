@@ -54,16 +54,7 @@ VARIANTS = {
 
 def parse_variants(text: str) -> list[tuple[str, str, str, object]]:
     """'logits-at=all,layer-loop=python' -> [(label, module, attr, value)]; bad names fail here."""
-    out = []
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        name, sep, raw = item.partition("=")
-        if not sep or name not in VARIANTS:
-            raise SystemExit(f"--variants: {item!r} is not NAME=VALUE with NAME in {sorted(VARIANTS)}")
-        value: object = {"true": True, "false": False}.get(raw.lower(), raw)
-        if isinstance(value, str) and value.isdigit():
-            value = int(value)
-        out.append((item, *VARIANTS[name], value))
-    return out
+    return perf.parse_variants(text, VARIANTS)
 
 
 class switched:
