@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import os
 import sys
 import time
@@ -68,20 +67,10 @@ class Steps:
 
         dec = jax.jit(functools.partial(_decode, run_cfg), static_argnums=(0,), donate_argnums=(2,))
         pre = jax.jit(functools.partial(_prefill, run_cfg), static_argnums=(0,), donate_argnums=(2,))
-        old = None
-        if variant is not None:
-            _, mod, attr, value = variant
-            mod = importlib.import_module(mod)
-            old = getattr(mod, attr)
-            setattr(mod, attr, value)
-        try:
+        with perf.switched(variant):
             self.decode = {w: dec.lower(w, *args_for("decode", w)).compile() for w in windows}
             self.prefill = {(w, c): pre.lower(w, *args_for("prefill", w, c)).compile()
                             for w in windows for c in chunks if c <= w}
-        finally:
-            if variant is not None:
-                setattr(mod, attr, old)
-
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -43,7 +43,9 @@ Timing statistics
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
 import statistics
 import time
 from typing import Callable, Optional
@@ -229,6 +231,23 @@ class Stats:
 
 
 MIN_REPEATS = 5
+
+
+@contextlib.contextmanager
+def switched(variant):
+    """Set a `parse_variants` entry's module attribute for the block (None: the default, nothing
+    set); the previous value is restored on exit."""
+    if variant is None:
+        yield
+        return
+    _, mod, attr, value = variant
+    module = importlib.import_module(mod)
+    old = getattr(module, attr)
+    setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        setattr(module, attr, old)
 
 
 def parse_variants(text: str, variants: dict) -> list:

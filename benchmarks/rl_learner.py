@@ -57,25 +57,6 @@ def parse_variants(text: str) -> list[tuple[str, str, str, object]]:
     return perf.parse_variants(text, VARIANTS)
 
 
-class switched:
-    """Context manager: set a variant's module attribute (None: the default), restore on exit."""
-
-    def __init__(self, variant):
-        self.variant = variant
-
-    def __enter__(self):
-        if self.variant is not None:
-            import importlib
-            _, mod, attr, value = self.variant
-            self.mod, self.attr = importlib.import_module(mod), attr
-            self.old = getattr(self.mod, attr)
-            setattr(self.mod, attr, value)
-
-    def __exit__(self, *exc):
-        if self.variant is not None:
-            setattr(self.mod, self.attr, self.old)
-
-
 def synthetic_batch(cfg, rows: int, row_len: int, seed: int = 0) -> dict:
     """pad_batch of `rows` one-segment trajectories shaped like the quickstart's rollouts."""
     from c2jax.batching import pad_batch
@@ -127,15 +108,15 @@ def main(argv=None) -> None:
     batch = synthetic_batch(cfg, args.rows, args.row_len)
     mask = batch["loss_mask"] > 0
 
-    learners, outs = {}, {}
+    learners, states, outs = {}, {}, {}
     t0 = time.perf_counter()
     for name in names:
         learners[name] = rl_learner.make_learner(cfg, rl, params)
+        states[name] = TrainState.create(params, learners[name].tx)  # every call updates from this state
 
     def one_call(name):
-        with switched(variants[name]):
-            ln = learners[name]
-            state = TrainState.create(params, ln.tx)
+        with perf.switched(variants[name]):
+            ln, state = learners[name], states[name]
             lp_free, _ = ln.logp(params, batch, replay=False)
             lp_ref, _ = ln.logp(ref_params, batch, replay=True)
             state, m, (lp, _) = ln.update_with_logp(state, batch, lp_ref, 0)
