@@ -35,7 +35,7 @@ FLOPs only, the causal attention blocks c2jax executes counted, useful expert ro
 capacity row the kept assignments). The peak is the best f32 2048^3 `jnp.dot` measured in this
 run. Every row of one computation has the same numerator, so MFU ratios are speed ratios.
 
-``--profile`` traces the jax-dropless step with `jax.profiler` and prints where its time goes
+``--profile`` traces each jax-dropless row's step (variants too) with `jax.profiler` and prints where its time goes
 (benchmarks/xla_profile.py): the share of executed HLO time per model component (attention
 projections, attention scores+softmax, MoE routed / shared experts, router, norms, embed+LM
 head, loss, XLA-inserted copies) x kind of work (matmul, elementwise, data movement, reduce),
@@ -106,6 +106,13 @@ VARIANTS = {
     # on an idle machine (2026-12-06): medians 1.856 s scan (default), 2.058 s tile-batched, 1.849 s unroll,
     # torch eager 1.866 s: the scan is the default.
     "tile-batched": ("c2jax.model.moe_impls", "TILE_LOOP", "batched"),
+    # attention's backward by autodiff, keeping every causal block's probabilities (the default before
+    # 2026-12-07) instead of recomputing the transposed probabilities from saved row statistics
+    # (mla.ATTN_BACKWARD = "recompute", c2jax/model/attention_recompute.py). `--rows jax-dropless,
+    # jax-dropless@attn-recompute,torch --modes alone,interleaved --repeats 5` while it was a variant
+    # (2026-12-07, idle AMD EPYC family 25 model 1): interleaved 2.433 s autodiff, 1.800 s recompute,
+    # torch 1.847 s; alone 2.130 s, 1.935 s, torch 2.286 s: recompute is the default.
+    "attn-autodiff": ("c2jax.model.mla", "ATTN_BACKWARD", "autodiff"),
 }
 
 
@@ -373,13 +380,13 @@ def report(mode: str, results: dict, cfg, batch: int, seq: int, peak: float) -> 
               f"  {ratio}{label}")
 
 
-def print_profile(step: JaxStep, batch: int, seq: int, peak: float) -> None:
-    """Where the jax-dropless fwd+bwd time goes (benchmarks/xla_profile.py): by model component x
+def print_profile(step: JaxStep, batch: int, seq: int, peak: float, row: str = "jax-dropless") -> None:
+    """Where a jax-dropless row's fwd+bwd time goes (benchmarks/xla_profile.py): by model component x
     kind of work with shares, each component's matmul GFLOP/s against the peak, top instructions."""
     from xla_profile import print_step_profile, profile_compiled
 
     f = perf.forward_flops(step.cfg, batch, seq)
-    print("\n== profile: jax-dropless fwd+bwd (jax.profiler trace, executed HLO thunks) ==")
+    print(f"\n== profile: {row} fwd+bwd (jax.profiler trace, executed HLO thunks) ==")
     print("model FLOPs per component (x3 for fwd+bwd): " + ", ".join(
         f"{k} {v / f['total']:.1%}" for k, v in f.items() if k != "total" and v))
     prof = profile_compiled(step.fn, (step.params, step.tokens), calls=3)
@@ -400,7 +407,7 @@ def parse_args(argv=None):
                     help=f"comma list of {list(ROWS)}; a jax row may add @VARIANT ({list(VARIANTS)}) "
                          "for a same-process A/B of a model code path")
     ap.add_argument("--modes", default="alone,interleaved", help="comma list of alone, interleaved (or none)")
-    ap.add_argument("--profile", action="store_true", help="trace the jax-dropless step and print where time goes")
+    ap.add_argument("--profile", action="store_true", help="trace each jax-dropless row's step (variants included) and print where time goes")
     ap.add_argument("--loss-rtol", type=float, default=1e-6)
     ap.add_argument("--omp-default", action="store_true", help="keep PyTorch's default (busy-wait) OpenMP policy")
     ap.add_argument("--worker-timeout", type=float, default=1800.0)
@@ -464,8 +471,8 @@ def main(argv=None) -> int:
                 args.not_compiled["torch-compile"] = probe
                 print(f"torch-compile: {probe['error']}")
         peak = perf.matmul_peak_gflops()
-        if args.profile and "jax-dropless" in steps:
-            print_profile(steps["jax-dropless"], args.batch, args.seq, peak)
+        for row in [r for r in args.row_list if args.profile and r.startswith("jax-dropless") and r in steps]:
+            print_profile(steps[row], args.batch, args.seq, peak, row)
         fl = perf.train_step_flops(cfg, args.batch, args.seq)
         print(f"\nmatmul peak (best f32 2048^3 jnp.dot, this run): {peak:.1f} GFLOP/s; dropless step "
               f"{fl / 1e9:.2f} GFLOP (perf.train_step_flops)")

@@ -49,6 +49,9 @@ VARIANTS = {
     "logits-at": ("c2jax.train.rl_learner", "LOGITS_AT"),
     # the layer loops: 1 (lax.scan, default), True (unrolled scan) or "python" (no scan)
     "layer-loop": ("c2jax.model.transformer", "SCAN_UNROLL"),
+    # attention's backward: "recompute" (default since 2026-12-07, c2jax/model/attention_recompute.py)
+    # or "autodiff" (before)
+    "attn-backward": ("c2jax.model.mla", "ATTN_BACKWARD"),
 }
 
 

@@ -118,6 +118,8 @@ def component(chain: Sequence[tuple[str, str]], kind: str = "matmul") -> str:
             return "MoE shared experts" if "moe_block" in funcs else "dense MLP"
         if fl == "mla.py" and fn in ("attend_expanded", "_attend_heads", "attend_absorbed", "_softmax"):
             return "attention scores+softmax"
+        if fl == "attention_recompute.py":  # mla.ATTN_BACKWARD = "recompute": the same work, custom VJP
+            return "attention scores+softmax"
         if fl in ("mla.py", "rope.py"):
             return "attention proj+RoPE"
         if fl == "moe.py":
@@ -179,7 +181,8 @@ def parse_hlo(hlo_text: str) -> dict[str, dict[str, Any]]:
 def _inherit_components(instrs: dict[str, dict[str, Any]], depth: int = 4) -> None:
     """XLA drops the source of some matmuls it rewrites (e.g. batched dots of the attention
     backward inside the layer loop). Such a matmul thunk takes the component of the nearest
-    operand (then user) within `depth` steps that has a model component; 'inherited' marks it.
+    operand (then user) within `depth` steps that has a model component (the layer loop's glue,
+    e.g. the slice of a stacked residual, is looked through); 'inherited' marks it.
     Other sourceless thunks (copies, layout changes) stay 'XLA-inserted (no source)'."""
     users: dict[str, list[str]] = collections.defaultdict(list)
     for name, ins in instrs.items():
@@ -196,7 +199,8 @@ def _inherit_components(instrs: dict[str, dict[str, Any]], depth: int = 4) -> No
                         continue
                     seen.add(m)
                     c = instrs[m]["component"]
-                    if c not in (NO_SOURCE, "loss/other") and not instrs[m].get("inherited"):
+                    # the layer loop's slices of stacked residuals feed matmuls but never own one
+                    if c not in (NO_SOURCE, "loss/other", "layer loop+apply glue") and not instrs[m].get("inherited"):
                         return c
                     nxt.append(m)
             frontier = nxt

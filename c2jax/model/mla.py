@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from c2jax.model.attention_recompute import attend_heads_recompute
 from c2jax.model.config import ModelConfig
 from c2jax.model.norms import dense, rms_norm
 from c2jax.model.rope import apply_rope, softmax_scale
@@ -36,6 +37,12 @@ ATTN_BATCH_CHUNK: Optional[int] = None
 # directly, which XLA:CPU ran as a transposed product off that path (the form until 2026-12-07,
 # kept as the baseline of `python benchmarks/engine_steps.py --variants absorbed-out=bshc`).
 ABSORBED_OUT = "bhsc"
+# Backward of the cache-free attention (training, the RL learner; the cache paths that sample are
+# not affected): "autodiff" differentiates
+# `_attend_heads` (keeps every block's probabilities for the backward); "recompute" uses
+# `attention_recompute.attend_heads_recompute` (same forward; the backward recomputes the transposed
+# probabilities from saved row statistics). The rotary-split and batch-chunk paths stay on autodiff.
+ATTN_BACKWARD = "recompute"  # the default since 2026-12-07 (README, "Performance figures")
 _NEG = -1e30  # masked logit (finite so fully masked padded rows stay NaN-free)
 
 
@@ -65,13 +72,16 @@ def _softmax(scores: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Array, k_rope: jax.Array,
-                    mask: jax.Array, cfg: ModelConfig, causal_blocks: int = 1) -> jax.Array:
+                    mask: jax.Array, cfg: ModelConfig, causal_blocks: int = 1, backward: str = "autodiff"
+                    ) -> jax.Array:
     """Attention with per-head keys/values expanded from the latents.
 
     q_nope [B,S,H,nope], q_rope [B,S,H,rope], c_kv [B,T,kv_lora], k_rope [B,T,rope], mask [B,S,T]
     -> per-head outputs [B, S, H, v]. With ``causal_blocks = n > 1`` (self-attention without a
     cache: T == S and the mask is causal) the queries are split into n blocks and block i only
-    scores the keys up to its own end: (n + 1) / (2n) of the square, the same result."""
+    scores the keys up to its own end: (n + 1) / (2n) of the square, the same result.
+    ``backward="recompute"`` differentiates through `attention_recompute.attend_heads_recompute`
+    (see ATTN_BACKWARD); the cache paths (prefill, decode) keep the default, so sampling is unchanged."""
     a, dt = cfg.attention, q_nope.dtype
     h = q_nope.shape[2]
     kv = dense(c_kv, p["kv_b_proj"]["kernel"])  # [B,T,H,nope+v]
@@ -92,7 +102,9 @@ def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
     qr_kr = (qr, k_rope) if SPLIT_ROPE_SCORES else None
     chunk = ATTN_BATCH_CHUNK
     b = q.shape[0]
-    if chunk is None or chunk >= b or b % chunk:
+    if backward == "recompute" and qr_kr is None and (chunk is None or chunk >= b or b % chunk):
+        o = attend_heads_recompute(q, k, v, mask, n, scale, dt)
+    elif chunk is None or chunk >= b or b % chunk:
         o = _attend_heads(q, k, v, mask, qr_kr, n, scale, dt)
     else:
         # batch chunks one after another: each chunk's scores stay cache-sized (see ATTN_BATCH_CHUNK)
@@ -171,7 +183,7 @@ def mla(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, 
     else:
         s_len = x.shape[1]
         blocks = s_len // CAUSAL_BLOCK if s_len % CAUSAL_BLOCK == 0 and s_len >= 2 * CAUSAL_BLOCK else 1
-        o = attend_expanded(p, q_nope, q_rope, c_kv, k_rope, mask, cfg, causal_blocks=blocks)
+        o = attend_expanded(p, q_nope, q_rope, c_kv, k_rope, mask, cfg, causal_blocks=blocks, backward=ATTN_BACKWARD)
     b, s = o.shape[:2]
     out = dense(o.reshape(b, s, -1), p["o_proj"]["kernel"].reshape(-1, x.shape[-1]))  # [B, S, D]
     return out, new_cache

@@ -83,9 +83,10 @@ def test_profile_counts_each_thunk_once(tiny_step):
 
 
 
-def test_attention_score_and_value_matmuls_count_as_scores():
+@pytest.mark.parametrize("backward", ["recompute", "autodiff"])
+def test_attention_score_and_value_matmuls_count_as_scores(backward):
     """Every matmul of `mla.attend_expanded` (fwd+bwd: the kv_b up-projection, q.k and p.v in
-    `_attend_heads`) lands in "attention scores+softmax". A helper renamed in mla.py once moved q.k
+    `_attend_heads` or in `attention_recompute`'s custom VJP) lands in "attention scores+softmax". A helper renamed in mla.py once moved q.k
     and p.v into the projections silently, and the profile then showed those at a fifth of peak."""
     from c2jax.model import mla
 
@@ -98,9 +99,12 @@ def test_attention_score_and_value_matmuls_count_as_scores():
     mask = jnp.tril(jnp.ones((s, s), bool))[None]
 
     def f(w, qn, qr, c, kr):
-        return jnp.sum(mla.attend_expanded({"kv_b_proj": {"kernel": w}}, qn, qr, c, kr, mask, cfg, causal_blocks=2) ** 2)
+        return jnp.sum(mla.attend_expanded({"kv_b_proj": {"kernel": w}}, qn, qr, c, kr, mask, cfg, causal_blocks=2,
+                                           backward=backward) ** 2)
 
     ins = xla_profile.parse_hlo(jax.jit(jax.grad(f, argnums=(0, 1, 2, 3, 4))).lower(*args).compile().as_text())
     mm = [i for i in ins.values() if i["kind"] == "matmul"]
-    assert sum(any(fr == ("mla.py", "_attend_heads") for fr in i["stack"]) for i in mm) >= 4, mm  # q.k, p.v fwd+bwd
+    home = ("mla.py", "_attend_heads") if backward == "autodiff" else ("attention_recompute.py", None)
+    own = lambda fr: fr[0] == home[0] and (home[1] is None or fr[1] == home[1])
+    assert sum(any(own(fr) for fr in i["stack"]) for i in mm) >= 4, mm  # q.k, p.v fwd+bwd
     assert {i["component"] for i in mm} == {"attention scores+softmax"}, {(i["shape"], i["component"]) for i in mm}

@@ -14,6 +14,7 @@ SWITCHES = [
     ("c2jax.model.mla", "ATTN_BATCH_CHUNK", 2),
     ("c2jax.model.mla", "SPLIT_ROPE_SCORES", True),
     ("c2jax.model.mla", "CAUSAL_BLOCK", 64),  # 2 causal query blocks instead of the whole square
+    ("c2jax.model.mla", "ATTN_BACKWARD", "autodiff"),  # attention backward by autodiff (default: recompute)
     ("c2jax.model.transformer", "SCAN_UNROLL", True),  # the layer scans unrolled
     ("c2jax.model.transformer", "SCAN_UNROLL", "python"),  # the layer loops as Python code (no scan)
 ]
