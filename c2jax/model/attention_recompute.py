@@ -23,7 +23,15 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-_NEG = -1e30  # masked logit, as in mla (finite so fully masked padded rows stay NaN-free)
+NEG_LOGIT = -1e30  # masked logit (finite so fully masked padded rows stay NaN-free); mla uses it too
+BACKWARDS = ("autodiff", "recompute")  # the values of mla.ATTN_BACKWARD / attend_expanded(backward=...)
+
+
+def causal_blocks(n: int, s_len: int, t_len: int) -> list[tuple[slice, int]]:
+    """The n causal query blocks of S queries over T keys: (query rows, keys up to) per block; block i
+    scores the keys up to its own end, n = 1 scores all T keys."""
+    blk = s_len // n
+    return [(slice(i * blk, (i + 1) * blk), t_len if n == 1 else (i + 1) * blk) for i in range(n)]
 
 
 def _block_forward(q_blk: jax.Array, k_blk: jax.Array, v_blk: jax.Array, mask_blk: jax.Array,
@@ -32,7 +40,7 @@ def _block_forward(q_blk: jax.Array, k_blk: jax.Array, v_blk: jax.Array, mask_bl
     (o [B,H,blk,v], row max m [B,H,blk] f32, row sum l [B,H,blk] f32). The same operations as
     `jax.nn.softmax` over the masked scores (so the output is bit-identical to `mla._attend_heads`)."""
     s = jnp.einsum("bhsk,bhtk->bhst", q_blk, k_blk, preferred_element_type=jnp.float32)  # [B,H,blk,hi]
-    s = jnp.where(mask_blk[:, None], s * scale, _NEG)
+    s = jnp.where(mask_blk[:, None], s * scale, NEG_LOGIT)
     m = jnp.max(s, axis=-1, keepdims=True)  # [B,H,blk,1]
     e = jnp.exp(s - m)
     l = jnp.sum(e, axis=-1, keepdims=True)  # [B,H,blk,1]
@@ -43,12 +51,9 @@ def _block_forward(q_blk: jax.Array, k_blk: jax.Array, v_blk: jax.Array, mask_bl
 
 def _forward(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, n: int, scale: float, dt):
     """All n causal blocks -> (o [B,H,S,v], m [B,H,S], l [B,H,S])."""
-    blk = q.shape[2] // n
     outs, ms, ls = [], [], []
-    for i in range(n):
-        hi = k.shape[2] if n == 1 else (i + 1) * blk
-        o, m, l = _block_forward(q[:, :, i * blk:(i + 1) * blk], k[:, :, :hi], v[:, :, :hi],
-                                 mask[:, i * blk:(i + 1) * blk, :hi], scale, dt)
+    for rows, hi in causal_blocks(n, q.shape[2], k.shape[2]):
+        o, m, l = _block_forward(q[:, :, rows], k[:, :, :hi], v[:, :, :hi], mask[:, rows, :hi], scale, dt)
         outs.append(o), ms.append(m), ls.append(l)
     cat = (lambda xs: xs[0]) if n == 1 else (lambda xs: jnp.concatenate(xs, axis=2))
     return cat(outs), cat(ms), cat(ls)
@@ -76,19 +81,16 @@ def _bwd(n, scale, dt, res, do):
         dK += dS^T Q                   dQ = (dS^T)^T K
     """
     q, k, v, mask, o, m, l = res
-    blk = q.shape[2] // n
     delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), axis=-1)  # [B,H,S]
     dk = jnp.zeros(k.shape, jnp.float32)
     dv = jnp.zeros(v.shape, jnp.float32)
     dqs = []
-    for i in range(n):
-        hi = k.shape[2] if n == 1 else (i + 1) * blk
-        rows = slice(i * blk, (i + 1) * blk)
+    for rows, hi in causal_blocks(n, q.shape[2], k.shape[2]):
         q_b, do_b = q[:, :, rows], do[:, :, rows]  # [B,H,blk,qk], [B,H,blk,v]
         k_b, v_b = k[:, :, :hi], v[:, :, :hi]  # [B,H,hi,qk], [B,H,hi,v]
         mask_t = jnp.swapaxes(mask[:, rows, :hi], 1, 2)[:, None]  # [B|1,1,hi,blk]
         st = jnp.einsum("bhtk,bhsk->bhts", k_b, q_b, preferred_element_type=jnp.float32)  # [B,H,hi,blk]
-        st = jnp.where(mask_t, st * scale, _NEG)
+        st = jnp.where(mask_t, st * scale, NEG_LOGIT)
         pt = jnp.exp(st - m[:, :, None, rows]) / l[:, :, None, rows]  # [B,H,hi,blk] f32
         dv_b = jnp.einsum("bhts,bhsv->bhtv", pt.astype(dt), do_b, preferred_element_type=jnp.float32)
         dpt = jnp.einsum("bhtv,bhsv->bhts", v_b, do_b, preferred_element_type=jnp.float32)  # [B,H,hi,blk]

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from c2jax.model.attention_recompute import attend_heads_recompute
+from c2jax.model.attention_recompute import BACKWARDS, NEG_LOGIT, attend_heads_recompute, causal_blocks
 from c2jax.model.config import ModelConfig
 from c2jax.model.norms import dense, rms_norm
 from c2jax.model.rope import apply_rope, softmax_scale
@@ -38,12 +38,11 @@ ATTN_BATCH_CHUNK: Optional[int] = None
 # kept as the baseline of `python benchmarks/engine_steps.py --variants absorbed-out=bshc`).
 ABSORBED_OUT = "bhsc"
 # Backward of the cache-free attention (training, the RL learner; the cache paths that sample are
-# not affected): "autodiff" differentiates
-# `_attend_heads` (keeps every block's probabilities for the backward); "recompute" uses
-# `attention_recompute.attend_heads_recompute` (same forward; the backward recomputes the transposed
-# probabilities from saved row statistics). The rotary-split and batch-chunk paths stay on autodiff.
+# not affected): "autodiff" differentiates `_attend_heads` (keeps every block's probabilities for the
+# backward); "recompute" uses `attention_recompute.attend_heads_recompute` (same forward; the backward
+# recomputes the transposed probabilities from saved row statistics). The rotary-split and
+# batch-chunk paths stay on autodiff.
 ATTN_BACKWARD = "recompute"  # the default since 2026-12-07 (README, "Performance figures")
-_NEG = -1e30  # masked logit (finite so fully masked padded rows stay NaN-free)
 
 
 def queries(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -67,7 +66,7 @@ def latents(p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, cfg: ModelCon
 
 def _softmax(scores: jax.Array, mask: jax.Array) -> jax.Array:
     """scores [B, H, S, T] f32, mask [B, S, T] bool -> probabilities (f32)."""
-    scores = jnp.where(mask[:, None], scores, _NEG)
+    scores = jnp.where(mask[:, None], scores, NEG_LOGIT)
     return jax.nn.softmax(scores, axis=-1)
 
 
@@ -82,6 +81,8 @@ def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
     scores the keys up to its own end: (n + 1) / (2n) of the square, the same result.
     ``backward="recompute"`` differentiates through `attention_recompute.attend_heads_recompute`
     (see ATTN_BACKWARD); the cache paths (prefill, decode) keep the default, so sampling is unchanged."""
+    if backward not in BACKWARDS:
+        raise ValueError(f"attention backward {backward!r} is not one of {BACKWARDS}")
     a, dt = cfg.attention, q_nope.dtype
     h = q_nope.shape[2]
     kv = dense(c_kv, p["kv_b_proj"]["kernel"])  # [B,T,H,nope+v]
@@ -121,17 +122,15 @@ def _attend_heads(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     """Heads-major q [B,H,S,qk], k [B,H,T,qk], v [B,H,T,v], mask [B,S,T] -> o [B,H,S,v], with the
     queries in n causal blocks (block i scores keys up to its own end). ``qr_kr`` = (q_rope
     [B,H,S,rope], k_rope [B,T,rope]) adds the rotary scores as a second matmul (SPLIT_ROPE_SCORES)."""
-    blk = q.shape[2] // n
     outs = []
-    for i in range(n):
-        hi = k.shape[2] if n == 1 else (i + 1) * blk
-        s = jnp.einsum("bhsk,bhtk->bhst", q[:, :, i * blk:(i + 1) * blk], k[:, :, :hi],
+    for rows, hi in causal_blocks(n, q.shape[2], k.shape[2]):
+        s = jnp.einsum("bhsk,bhtk->bhst", q[:, :, rows], k[:, :, :hi],
                        preferred_element_type=jnp.float32)  # [B,H,blk,hi]
         if qr_kr is not None:
             qr, kr = qr_kr
-            s = s + jnp.einsum("bhsr,btr->bhst", qr[:, :, i * blk:(i + 1) * blk], kr[:, :hi],
+            s = s + jnp.einsum("bhsr,btr->bhst", qr[:, :, rows], kr[:, :hi],
                                preferred_element_type=jnp.float32)  # [B,H,blk,hi]
-        prob = _softmax(s * scale, mask[:, i * blk:(i + 1) * blk, :hi]).astype(dt)
+        prob = _softmax(s * scale, mask[:, rows, :hi]).astype(dt)
         outs.append(jnp.einsum("bhst,bhtv->bhsv", prob, v[:, :, :hi]))
     return outs[0] if n == 1 else jnp.concatenate(outs, axis=2)
 

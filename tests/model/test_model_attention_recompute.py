@@ -92,3 +92,19 @@ def test_switch_routes_training_attention_only(monkeypatch):
     assert "attend_heads_recompute" not in prefill_autodiff + prefill_recompute
     for g, g0 in zip(jax.tree_util.tree_leaves(g_recompute), jax.tree_util.tree_leaves(g_autodiff)):
         assert float(jnp.max(jnp.abs(g - g0))) <= 1e-5 * (float(jnp.max(jnp.abs(g0))) + 1e-12)
+
+
+def test_unknown_backward_is_refused_by_name():
+    """A misspelt backward (e.g. a benchmark variant's value) fails at trace time, naming the allowed
+    values, instead of silently running the autodiff path."""
+    from c2jax.model import preset
+
+    cfg = preset("tiny")
+    a, h = cfg.attention, cfg.num_heads
+    z = lambda *s: jnp.zeros(s)
+    args = ({"kv_b_proj": {"kernel": z(a.kv_lora_rank, h, a.qk_nope_head_dim + a.v_head_dim)}},
+            z(1, 4, h, a.qk_nope_head_dim), z(1, 4, h, a.qk_rope_head_dim), z(1, 4, a.kv_lora_rank),
+            z(1, 4, a.qk_rope_head_dim), jnp.tril(jnp.ones((4, 4), bool))[None], cfg)
+    with pytest.raises(ValueError, match="recomptue.*autodiff.*recompute"):
+        mla.attend_expanded(*args, backward="recomptue")
+    assert mla.attend_expanded(*args, backward="recompute").shape == (1, 4, h, a.v_head_dim)
