@@ -38,6 +38,15 @@ def enable_compile_cache(directory: Optional[str], min_compile_time_s: float = 1
     return path
 
 
+def active_compile_cache() -> Optional[str]:
+    """The persistent cache directory this process compiles into (set by `enable_compile_cache`), or
+    None when it is off: a command the process writes for a later one (the RL stage's evaluation
+    command) passes it on, so rerunning that command loads the same executables instead of compiling."""
+    import jax
+
+    return jax.config.jax_compilation_cache_dir or None
+
+
 def default_cache_dir(config) -> Optional[str]:
     """``<config.build.dir>/xla`` for a config with a build cache (the directory its cached stages
     already live in), else None."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import time
 from typing import Any
 
@@ -31,6 +32,7 @@ import jax
 import numpy as np
 
 from c2jax.atomic import atomic_write_json
+from c2jax.compile_cache import active_compile_cache
 from c2jax.config import ConfigError, to_plain
 from c2jax.train.stages import STAGES
 from c2jax.train.rl_eval import evaluate  # noqa: F401  (re-exported: sft_matched, the CLI)
@@ -103,10 +105,14 @@ def write_agent_config(config: Any, out_dir: str) -> str:
     return path
 
 
-def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str, agent_config: str) -> str:
+def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str, agent_config: str,
+                 compile_cache: str | None = None) -> str:
     """The `python -m c2jax.bench run` command that reproduces an in-stage evaluation exactly.
     agent_config: the run's `write_agent_config` file (the config file the run was started with would
-    miss any ``--config.agent.*`` override, e.g. a larger max_turns)."""
+    miss any ``--config.agent.*`` override, e.g. a larger max_turns). compile_cache: the run's JAX
+    compilation cache (`compile_cache.active_compile_cache()`), passed on as ``--compile-cache`` so the
+    command loads the engine's executables the run compiled (same executables, same results) instead
+    of compiling them again; None leaves the flag out."""
     from c2jax.train.rl_eval import eval_samples
 
     ev = rl["eval"]
@@ -114,7 +120,8 @@ def eval_command(suite_dir: str, ckpt: str, rl: dict, seed: int, out: str, agent
     ks = f" --ks 1,{ev['k']}" if n != int(ev["k"]) else ""
     return (f"python -m c2jax.bench run --suite {suite_dir} --split eval --limit {ev['n_tasks']} --policy engine "
             f"--checkpoint {ckpt} --k {n}{ks} --temperature {ev['temperature']} --seed {seed} "
-            f"--max-in-flight {ev['max_in_flight']} --max-len {rl['max_len']} --agent-config {agent_config} --out {out}")
+            f"--max-in-flight {ev['max_in_flight']} --max-len {rl['max_len']} --agent-config {agent_config} --out {out}"
+            + (f" --compile-cache {shlex.quote(compile_cache)}" if compile_cache else ""))
 
 
 def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
@@ -261,9 +268,10 @@ def run_rl(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
             summary["imitation_gap"] = stage_summary(rl, eval_tasks, load_split(fam, "demo"),
                                                      {"before": before, "after": after})
         agent_json = write_agent_config(config, out_dir)
-        summary["eval_command"] = eval_command(fam["dir"], "CHECKPOINT", rl, seed, "OUT", agent_json)
+        cache = active_compile_cache()
+        summary["eval_command"] = eval_command(fam["dir"], "CHECKPOINT", rl, seed, "OUT", agent_json, cache)
         summary["eval_commands"] = {t: eval_command(fam["dir"], os.path.join(out_dir, f"policy_{p}"), rl, seed,
-                                                    os.path.join(out_dir, f"bench_{t}"), agent_json)
+                                                    os.path.join(out_dir, f"bench_{t}"), agent_json, cache)
                                     for t, p in (("before", "init"), ("after", "final"))}
         summary["eval_checkpoints"] = {"before": os.path.join(out_dir, "policy_init"),
                                        "after": os.path.join(out_dir, "policy_final")}

@@ -111,6 +111,7 @@ def validate_sft_matched(check: Checker, section: Any, full: Any) -> None:
 
 def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
     from c2jax.train.agent_sft import demo_trajectories, resolve, train_on_demos
+    from c2jax.compile_cache import active_compile_cache
     from c2jax.train.rl import eval_command, evaluate, initial_params, save_policy, stage_setup, write_agent_config
     from c2jax.train.rl_family import ensure_family, load_split
 
@@ -142,7 +143,7 @@ def run_sft_matched(config: Any, workdir: str, prev: dict) -> tuple[dict, dict]:
                "max_wall_s_from": budget_from, "pass_at_1_after": res.get("pass@1"), f"pass_at_{k}_after": res.get(f"pass@{k}"),
                "pass_at_1_after_ci": res.get("pass@1_ci95"), "masked_rate_after": res.get("masked_rate"),
                "eval_command": eval_command(fam["dir"], os.path.join(out_dir, "policy_final"), rl, seed, "OUT",
-                                             write_agent_config(config, out_dir))}
+                                             write_agent_config(config, out_dir), active_compile_cache())}
     if rl["tasks"].get("ambiguous"):  # the imitation-gap variant: which fix each sample wrote
         from c2jax.train.rl_imitation_gap import stage_summary
 

@@ -92,3 +92,26 @@ def test_more_samples_than_k_are_in_the_command_and_fewer_fail_validation(tmp_pa
     cfg.rl.eval.samples = 4
     with pytest.raises(ConfigError, match=r"eval\.samples.*eval\.k"):
         validate(cfg, warn=False)
+
+
+def test_eval_command_passes_the_runs_compile_cache_on(tmp_path):
+    """The command names the run's JAX compilation cache (`--compile-cache`, quoted) so rerunning it
+    loads the executables the run compiled; without a cache (the positive control) the flag is absent.
+    `active_compile_cache` reports the directory `enable_compile_cache` set, and None when it is off."""
+    import jax
+
+    from c2jax.compile_cache import active_compile_cache, enable_compile_cache
+
+    cfg = _config()
+    path = write_agent_config(cfg, str(tmp_path))
+    assert "--compile-cache" not in eval_command("SUITE", "CKPT", cfg.rl, 0, "OUT", path, None)
+    cache = str(tmp_path / "xla cache")
+    cmd = shlex.split(eval_command("SUITE", "CKPT", cfg.rl, 0, "OUT", path, cache))
+    assert cmd[cmd.index("--compile-cache") + 1] == cache and cmd[-2:] == ["--compile-cache", cache]
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        assert active_compile_cache() is None
+        assert enable_compile_cache(cache) == active_compile_cache() == os.path.abspath(cache)
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
