@@ -17,6 +17,17 @@ like a way to speed the step up (issue 15's lead). This script measures whether 
 The barrier stops XLA folding the transpose back into the product. Both products are checked to
 agree (within 1e-4 relative) before timing. Printed: medians over ``--repeats`` (at least 5) of
 the mean over ``--calls`` calls, in ms, and the transposed form's total over the product as asked.
+
+``--roofline`` adds what bounds the block's score product S = Q K^T [B,H,S,T] (K columns per head):
+  score product   einsum('bhsk,bhtk->bhst', Q, K) alone, its GFLOP/s against the run's matmul peak
+                  (best f32 2048^3 `jnp.dot`, benchmarks/perf.py)
+  streaming pass  exp(x * c) over a tensor of the scores' shape: one read and one write per element,
+                  the elementwise work a softmax does between the two products, as GB/s
+  write bound     the product's output bytes at that streaming rate: a time no schedule that writes
+                  the scores to memory can beat, whatever the matmul kernel
+With few columns per head (48 here) the product does only 2K FLOPs per 4-byte output element, so
+it could be bound by writing S rather than by its FLOPs; the three lines say which of the two is
+closer to its measured time, or that the matmul kernel itself falls short of both.
 """
 from __future__ import annotations
 
@@ -56,6 +67,9 @@ def main(argv=None) -> dict:
                          "causal block with qk = 32 + 16)")
     ap.add_argument("--repeats", type=int, default=perf.MIN_REPEATS)
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--roofline", action="store_true",
+                    help="also time the score product alone, a streaming pass over its output's shape and "
+                         "the matmul peak (see the module docstring)")
     args = ap.parse_args(argv)
     if args.repeats < perf.MIN_REPEATS:
         raise SystemExit(f"--repeats must be >= {perf.MIN_REPEATS} (median of at least {perf.MIN_REPEATS})")
@@ -90,7 +104,35 @@ def main(argv=None) -> dict:
           f"{res['transposed_ms'] / res['as_asked_ms']:.2f}x the product as asked")
     print(f"  of which the copy     {res['copy_ms']:.2f} ms (the NN product alone ~"
           f"{max(res['transposed_ms'] - res['copy_ms'], 0.0):.2f} ms)")
+    if args.roofline:
+        res.update(roofline(q, rng, t, args.repeats, args.calls))
     return res
+
+
+def roofline(q: jax.Array, rng: np.random.Generator, t: int, repeats: int, calls: int) -> dict:
+    """The score product S = Q K^T alone against the matmul peak and against the time a streaming pass
+    needs to write S (module docstring, ``--roofline``)."""
+    b, h, s, k = q.shape
+    keys = jnp.asarray(rng.standard_normal((b, h, t, k)).astype(np.float32))  # K [B,H,T,K]
+    scores = jnp.asarray(rng.standard_normal((b, h, s, t)).astype(np.float32))  # S-shaped [B,H,S,T]
+    flops = 2.0 * b * h * s * t * k
+    out_bytes = 4.0 * b * h * s * t
+    product_ms = timed(lambda x, y: jnp.einsum("bhsk,bhtk->bhst", x, y), (q, keys), repeats, calls)
+    stream_ms = timed(lambda x: jnp.exp(x * 0.125), (scores,), repeats, calls)
+    peak = perf.matmul_peak_gflops()
+    stream_gbs = 2 * out_bytes / (stream_ms * 1e6)  # one read + one write per element
+    write_ms = out_bytes / (stream_gbs * 1e6)
+    gflops = flops / (product_ms * 1e6)
+    print(f"\nroofline of the score product S = Q K^T [{b},{h},{s},{t}] ({k} columns per head; ms per call, "
+          f"median of {repeats}):")
+    print(f"score product alone     {product_ms:.2f} ms   {gflops:.1f} GFLOP/s = {100 * gflops / peak:.0f}% of the "
+          f"matmul peak ({peak:.1f} GFLOP/s, f32 2048^3)")
+    print(f"streaming pass exp(x*c) {stream_ms:.2f} ms   {stream_gbs:.1f} GB/s (read + write)")
+    print(f"write bound of S        {write_ms:.2f} ms   (its {out_bytes / 1e6:.1f} MB at that rate: "
+          f"{100 * write_ms / product_ms:.0f}% of the product's time; at the peak the FLOPs alone take "
+          f"{flops / (peak * 1e6):.2f} ms)")
+    return {"product_ms": product_ms, "stream_ms": stream_ms, "write_bound_ms": write_ms, "peak_gflops": peak,
+            "product_gflops": gflops, "stream_gbs": stream_gbs}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,19 @@ def test_both_forms_agree_and_are_timed(capsys):
     assert all(v > 0 for v in res.values())
 
 
+def test_the_roofline_is_printed_from_its_own_timings(capsys, monkeypatch):
+    """--roofline: the write bound is the score bytes at the streaming pass's measured rate (read +
+    write), so it is derived from the printed timings, not assumed."""
+    monkeypatch.setattr(attention_dots.perf, "matmul_peak_gflops", lambda *a, **k: 100.0)
+    res = attention_dots.main(["--shape", "2,2,16,32,8", "--repeats", "5", "--calls", "2", "--roofline"])
+    out = capsys.readouterr().out
+    assert "write bound of S" in out and "of the matmul peak (100.0 GFLOP/s" in out
+    out_bytes = 4.0 * 2 * 2 * 16 * 32
+    assert res["write_bound_ms"] == pytest.approx(res["stream_ms"] / 2)
+    assert res["stream_gbs"] == pytest.approx(2 * out_bytes / (res["stream_ms"] * 1e6))
+    assert res["product_gflops"] == pytest.approx(2.0 * 2 * 2 * 16 * 32 * 8 / (res["product_ms"] * 1e6))
+
+
 @pytest.mark.parametrize("argv", [["--repeats", "2"], ["--shape", "1,2,3"], ["--shape", "a,b,c,d,e"]])
 def test_bad_arguments_fail_before_compute(argv, monkeypatch):
     monkeypatch.setattr(attention_dots, "timed", lambda *a, **k: pytest.fail("timed before checking"))
