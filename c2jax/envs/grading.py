@@ -30,7 +30,9 @@ tampering route earning the reward without them; see grading_guards for what the
 Reward terms: `resolved` (all FAIL_TO_PASS and PASS_TO_PASS pass), `f2p_fraction`,
 `p2p_regressions`. Infrastructure failures (sandbox start/exec errors, failures before the agent's
 code runs, or a failure reproduced on the gold patch) set `masked=True`; timeouts, OOM, crashes or
-a missing report under the agent's diff score 0 with a flag.
+a missing report under the agent's diff score 0 with a flag. A timeout is first settled: the diff is
+graded again, and a second timeout is the diff's only while the gold patch runs in time
+(`_settle_timeout`; else masked, `infra:timeout`), so a loaded machine is not scored as the policy.
 """
 from __future__ import annotations
 
@@ -359,11 +361,14 @@ def score_run(task: TaskRecord, run: TestRun) -> GradeResult:
                        run.duration_s, run.output_tail[-2000:])
 
 
-def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: float | None = None) -> GradeResult:
+def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: float | None = None,
+          retry_timeouts: bool = True) -> GradeResult:
     """Grade the agent's `diff` against `task` (see the module docstring). Never raises for bad diffs.
 
     check_gold: when the diff does not resolve the task, grade the gold patch too (cached per task);
       if the gold patch also fails, the failure is the environment's: the result is masked.
+    retry_timeouts: a test run that timed out is settled by `_settle_timeout` (the diff's fault only if
+      it times out again while the gold patch runs in time); False scores the first timeout 0 at once.
     """
     t0 = time.monotonic()
     diff = diff or ""
@@ -388,6 +393,11 @@ def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: fl
         return GradeResult(0.0, False, 0.0, 0, True, ["infra:sandbox"], duration_s=time.monotonic() - t0,
                            detail=str(e)[:2000])
     result = score_run(task, run)
+    if retry_timeouts and "timeout" in result.flags and not result.tampered:
+        result, run = _settle_timeout(task, diff, timeout_s, run)
+        if result.masked:
+            result.duration_s = time.monotonic() - t0
+            return result
     if diff == task.patch and result.resolved:
         _gold_cache[(task.instance_id, task.env_id)] = run
     if check_gold and not result.resolved and not result.tampered and diff != task.patch:
@@ -407,6 +417,36 @@ def grade(task: TaskRecord, diff: str, *, check_gold: bool = True, timeout_s: fl
             result.flags.append("infra:gold_fails")
     result.duration_s = time.monotonic() - t0
     return result
+
+
+def _settle_timeout(task: TaskRecord, diff: str, timeout_s: float | None, first: TestRun
+                    ) -> tuple[GradeResult, TestRun]:
+    """Whose fault a verify timeout is. The tests of a loaded machine (many sandboxes grading at once)
+    can overrun their limit under a correct diff, and scoring that 0 would count an infrastructure
+    failure as the policy's. So the diff is graded once more: a run that now finishes stands (flag
+    ``retried:timeout``); a second timeout is the diff's (score 0, flag ``timeout``) only if the gold
+    patch, run now (not from the cache) under the same limit, finishes and resolves; otherwise the
+    machine could not run the tests in time and the result is masked (``infra:timeout``).
+    Returns the result and the test run it comes from (the gold cache keeps only a run that resolved)."""
+    def masked(reason: str, detail: str = "") -> tuple[GradeResult, TestRun]:
+        return GradeResult(0.0, False, 0.0, 0, True, ["timeout", reason], detail=detail[:2000]), first
+
+    try:
+        run = run_tests(task, diff, timeout_s=timeout_s)
+    except (ValueError, SandboxError) as e:
+        return masked("infra:sandbox", str(e))
+    again = score_run(task, run)
+    if "timeout" not in again.flags:
+        again.flags.append("retried:timeout")
+        return again, run
+    try:
+        gold = score_run(task, run_tests(task, task.patch, timeout_s=timeout_s))
+    except (ValueError, SandboxError) as e:
+        return masked("infra:gold_failed", f"gold patch could not be graded: {e}")
+    if "timeout" in gold.flags or not gold.resolved:
+        again.masked = True
+        again.flags.append("infra:timeout")
+    return again, run
 
 
 def grade_many(task: TaskRecord, diffs: Iterable[str], **kw: Any) -> list[GradeResult]:

@@ -219,3 +219,56 @@ def test_collection_error_the_gold_patch_reproduces_is_masked(task, gold):
     r = grade(broken, agent_diff(fixed("clamp", "mean", "word_count") + SYNTAX_ERROR))
     assert r.masked and r.reward == 0.0 and not r.tampered, r
     assert "collection_error" in r.flags and "infra:gold_fails" in r.flags, r.flags
+
+
+LOOP = ("    return sum(xs) / (len(xs) + 1)\n", "    while True:\n        pass\n")
+
+
+def _slow_machine(monkeypatch, slow_calls: int | None):
+    """run_tests as on a machine too loaded to run the tests inside their limit: the first `slow_calls`
+    runs (None: every run) get a 0.01 s limit, so they really time out; later runs get their own."""
+    from c2jax.envs import grading
+
+    real, calls = grading.run_tests, []
+
+    def run(task, diff="", **kw):
+        calls.append(diff)
+        if slow_calls is None or len(calls) <= slow_calls:
+            kw["timeout_s"] = 0.01
+        return real(task, diff, **kw)
+
+    monkeypatch.setattr(grading, "run_tests", run)
+    return calls
+
+
+def test_a_timeout_under_load_is_not_scored_as_the_policy(task, gold, monkeypatch):
+    """A correct fix whose first test run timed out (a loaded machine) is graded again and earns its
+    reward; the positive control without the retry scores the same run 0, as grading did before."""
+    diff = agent_diff(fixed("clamp", "mean", "word_count"))
+    calls = _slow_machine(monkeypatch, slow_calls=1)
+    r = grade(task, diff)
+    assert r.resolved and r.reward == 1.0 and not r.masked and r.flags == ["retried:timeout"], r
+    assert calls == [diff, diff]
+    from c2jax.envs.grading import _gold_cache
+    cached = _gold_cache[(task.instance_id, task.env_id)]  # the gold cache holds the run that finished
+    assert not cached.killed_reason and "timeout" not in cached.flags
+    calls = _slow_machine(monkeypatch, slow_calls=1)
+    control = grade(task, diff, retry_timeouts=False, check_gold=False)
+    assert not control.resolved and control.reward == 0.0 and "timeout" in control.flags and not control.masked
+
+
+def test_a_machine_that_cannot_run_the_tests_in_time_is_masked(task, gold, monkeypatch):
+    """Every run times out, the gold patch's too: the failure is the machine's (masked, infra:timeout)."""
+    diff = agent_diff(fixed("clamp", "mean", "word_count"))
+    calls = _slow_machine(monkeypatch, slow_calls=None)
+    r = grade(task, diff)
+    assert r.masked and r.reward == 0.0 and "infra:timeout" in r.flags, r
+    assert calls == [diff, diff, task.patch]  # the diff twice, then the gold patch fresh (not the cache)
+
+
+def test_a_timeout_the_diff_causes_is_the_policys(task, gold):
+    """A diff whose code never returns times out on every run while the gold patch runs in time: it
+    scores 0 with the timeout flag and is not masked (a timeout caused by the policy is never infra)."""
+    r = grade(task, agent_diff(edit(fixed("clamp", "word_count"), [LOOP])), timeout_s=12.0)
+    assert not r.masked and r.reward == 0.0 and not r.resolved and "timeout" in r.flags, (r.flags, r.detail)
+    assert "retried:timeout" not in r.flags and "infra:timeout" not in r.flags
