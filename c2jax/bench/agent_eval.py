@@ -247,7 +247,20 @@ def _agent_block(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 bool(r["samples"]) and all(s.get("masked") for s in r["samples"]) for r in rows),
             "stop_reasons": dict(stops), "mean_turns": mean("turns"), "mean_tool_calls": mean("tool_calls"),
             "malformed_tool_call_rate": (sum(s.get("malformed_tool_calls", 0) for s in samples) / calls) if calls
-            else 0.0, "mean_policy_tokens": mean("policy_tokens"), "mean_reward": mean("reward")}
+            else 0.0, "mean_policy_tokens": mean("policy_tokens"), "mean_reward": mean("reward"),
+            "test_timeouts": timeout_tally(samples)}
+
+
+def timeout_tally(samples: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How the hidden tests' timeouts were settled (`c2jax.envs.grading._settle_timeout`), from each
+    sample's grading flags: `retried` timed out once and finished when graded again (a loaded machine:
+    scored as that second run), `policy` timed out again while the gold patch ran in time (scored 0),
+    `masked` timed out with the gold patch timing out too (infrastructure). Non-zero `retried` or
+    `masked` says the evaluation shared its machine with more than it could run in time."""
+    flags = [s.get("flags") or [] for s in samples]
+    return {"retried": sum("retried:timeout" in f for f in flags),
+            "policy": sum("timeout" in f and "infra:timeout" not in f for f in flags),
+            "masked": sum("infra:timeout" in f for f in flags)}
 
 
 def summarize_agent(rows: Sequence[dict[str, Any]], ks: Sequence[int] = (1, 8), seed: int = 0) -> dict[str, Any]:
@@ -279,7 +292,9 @@ def format_agent_table(summary: dict[str, Any], ks: Sequence[int]) -> str:
     for name, b in groups:
         lines.append(f"{name}: masked {b['masked_samples']}/{b['samples']} samples ({b['masked_rate']:.1%}, "
                      f"counted as failures); stops {b['stop_reasons']}; tool calls/sample {b['mean_tool_calls']:.1f}, "
-                     f"malformed {b['malformed_tool_call_rate']:.1%}")
+                     f"malformed {b['malformed_tool_call_rate']:.1%}"
+                     + ("; hidden-test timeouts {retried} retried, {policy} the policy's, {masked} masked".format(
+                         **b["test_timeouts"]) if any(b.get("test_timeouts", {}).values()) else ""))
     return "\n".join(lines)
 
 

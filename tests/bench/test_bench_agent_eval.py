@@ -586,3 +586,25 @@ def test_a_grading_episode_frees_its_place_for_the_next(repo_env, mode):
     assert _episodes_begun_while_grading(repo_env, "one_place", wait_s=2.0) == 2
     if mode == "eval":
         assert _episodes_begun_while_grading(repo_env, "hold_flag", wait_s=2.0) == 2
+
+
+def test_hidden_test_timeouts_are_tallied_by_how_they_were_settled():
+    """The summary counts the grader's settled timeouts (retried and finished / the policy's / masked)
+    from each sample's flags, and the table prints them only when there are any."""
+    from c2jax.bench.agent_eval import format_agent_table, summarize_agent
+
+    def sample(i, flags, resolved=False, masked=False):
+        return {"sample": i, "resolved": resolved, "reward": float(resolved), "masked": masked,
+                "masked_reason": "grade: " + ",".join(flags) if masked else "", "flags": flags, "tokens": 10,
+                "policy_tokens": 5, "stop_reason": "finished", "turns": 2, "tool_calls": 1,
+                "malformed_tool_calls": 0, "solve_s": 1.0, "grade_s": 1.0}
+
+    samples = [sample(0, ["retried:timeout"], resolved=True), sample(1, ["timeout", "no_report"]),
+               sample(2, ["timeout", "no_report", "infra:timeout"], masked=True), sample(3, [])]
+    rows = [{"instance_id": "t0", "category": "c", "codebase": "c", "split": "eval", "samples": samples}]
+    summ = summarize_agent(rows, ks=(1,))
+    assert summ["overall"]["test_timeouts"] == {"retried": 1, "policy": 1, "masked": 1}
+    assert "hidden-test timeouts 1 retried, 1 the policy's, 1 masked" in format_agent_table(summ, (1,))
+    quiet = summarize_agent([dict(rows[0], samples=[sample(0, []), sample(1, ["unsafe_diff"])])], ks=(1,))
+    assert quiet["overall"]["test_timeouts"] == {"retried": 0, "policy": 0, "masked": 0}
+    assert "timeouts" not in format_agent_table(quiet, (1,))
