@@ -151,6 +151,12 @@ def sample_stats(samples: Sequence[Sample]) -> dict[str, float]:
         if s.mask_reason:
             key = "masked/" + s.mask_reason.split(" ")[0]
             out[key] = out.get(key, 0.0) + 1.0
+    # hidden-test timeouts by how grading settled them (c2jax.bench.agent_eval.timeout_tally): retried
+    # or masked ones say the step's grading shared an overloaded machine
+    from c2jax.bench.agent_eval import timeout_tally
+
+    tally = timeout_tally([{"flags": (s.trajectory.metadata.get("grade") or {}).get("flags", [])} for s in samples])
+    out.update({f"grading/timeouts_{k}": float(v) for k, v in tally.items()})
     if live:
         res = [float(s.trajectory.reward_terms.get("resolved", 0.0)) for s in live]
         out["pass_rate"] = float(np.mean(res))
