@@ -25,7 +25,9 @@ the mean over ``--calls`` calls, in ms, and the transposed form's total over the
                   the elementwise work a softmax does between the two products, as GB/s
   write bound     the product's output bytes at that streaming rate: a time no schedule that writes
                   the scores to memory can beat, whatever the matmul kernel
-With few columns per head (48 here) the product does only 2K FLOPs per 4-byte output element, so
+The roofline's lines are bounds, not an A/B of two forms: the peak is the one definition every benchmark
+here shares (`perf.matmul_peak_gflops`), and the timed product is first checked against float64 numpy on
+one head (within 1e-4 relative). With few columns per head (48 here) the product does only 2K FLOPs per 4-byte output element, so
 it could be bound by writing S rather than by its FLOPs; the three lines say which of the two is
 closer to its measured time, or that the matmul kernel itself falls short of both.
 """
@@ -117,7 +119,13 @@ def roofline(q: jax.Array, rng: np.random.Generator, t: int, repeats: int, calls
     scores = jnp.asarray(rng.standard_normal((b, h, s, t)).astype(np.float32))  # S-shaped [B,H,S,T]
     flops = 2.0 * b * h * s * t * k
     out_bytes = 4.0 * b * h * s * t
-    product_ms = timed(lambda x, y: jnp.einsum("bhsk,bhtk->bhst", x, y), (q, keys), repeats, calls)
+    product = lambda x, y: jnp.einsum("bhsk,bhtk->bhst", x, y)  # noqa: E731
+    got = np.asarray(jax.jit(product)(q, keys)[0, 0], np.float64)  # the timed program's first head
+    want = np.asarray(q[0, 0], np.float64) @ np.asarray(keys[0, 0], np.float64).T  # [S, T] in float64
+    rel = float(np.abs(got - want).max() / np.abs(want).max())
+    if rel > 1e-4:
+        raise SystemExit(f"the score product disagrees with float64 numpy (max rel diff {rel:.1e}): not timing it")
+    product_ms = timed(product, (q, keys), repeats, calls)
     stream_ms = timed(lambda x: jnp.exp(x * 0.125), (scores,), repeats, calls)
     peak = perf.matmul_peak_gflops()
     stream_gbs = 2 * out_bytes / (stream_ms * 1e6)  # one read + one write per element

@@ -92,6 +92,8 @@ GRAD_RTOL = 2e-5
 def grad_diff(got, want) -> tuple[float, str]:
     """(max over leaves of max|got - want| / max|want|, that leaf's path): an element-by-element gradient
     comparison, which a loss and a gradient norm that agree cannot stand in for."""
+    if jax.tree_util.tree_structure(got) != jax.tree_util.tree_structure(want):
+        return float("inf"), "the parameter trees differ"
     worst, where = 0.0, ""
     for (path, w), g in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree_util.tree_leaves(got)):
         w, g = np.asarray(w, np.float64), np.asarray(g, np.float64)

@@ -32,6 +32,16 @@ def test_the_roofline_is_printed_from_its_own_timings(capsys, monkeypatch):
     assert res["product_gflops"] == pytest.approx(2.0 * 2 * 2 * 16 * 32 * 8 / (res["product_ms"] * 1e6))
 
 
+def test_a_wrong_score_product_is_not_timed(monkeypatch):
+    """Positive control for the roofline's check: a product that is not Q K^T stops the script."""
+    real = attention_dots.jnp.einsum
+    monkeypatch.setattr(attention_dots.jnp, "einsum",
+                        lambda spec, *a, **k: real(spec, *a, **k) * (2.0 if spec == "bhsk,bhtk->bhst" else 1.0))
+    monkeypatch.setattr(attention_dots.perf, "matmul_peak_gflops", lambda *a, **k: 100.0)
+    with pytest.raises(SystemExit, match="disagrees with float64"):
+        attention_dots.main(["--shape", "2,2,16,32,8", "--repeats", "5", "--calls", "2", "--roofline"])
+
+
 @pytest.mark.parametrize("argv", [["--repeats", "2"], ["--shape", "1,2,3"], ["--shape", "a,b,c,d,e"]])
 def test_bad_arguments_fail_before_compute(argv, monkeypatch):
     monkeypatch.setattr(attention_dots, "timed", lambda *a, **k: pytest.fail("timed before checking"))

@@ -48,6 +48,7 @@ def test_the_gradient_check_sees_what_a_norm_cannot():
     assert rel == pytest.approx(3.0 / 4.0) and rel > rl_learner.GRAD_RTOL and "kernel" in where
     tiny = {"a": want["a"], "b": np.array([3.0, 1e-3 + 3.0 * rl_learner.GRAD_RTOL / 2])}
     assert rl_learner.grad_diff(tiny, want)[0] == pytest.approx(rl_learner.GRAD_RTOL / 2)
+    assert rl_learner.grad_diff({"a": want["a"]}, want)[0] == float("inf")  # a missing leaf is not "equal"
 
 
 @pytest.mark.parametrize("argv", [["--repeats", "2"], ["--variants", "nope=1"], ["--variants", "logits-at"]])
