@@ -21,6 +21,7 @@ the mean over ``--calls`` calls, in ms, and the transposed form's total over the
 ``--roofline`` adds what bounds the block's score product S = Q K^T [B,H,S,T] (K columns per head):
   score product   einsum('bhsk,bhtk->bhst', Q, K) alone, its GFLOP/s against the run's matmul peak
                   (best f32 2048^3 `jnp.dot`, benchmarks/perf.py)
+  torch.bmm       the same product in PyTorch (default threads), checked equal first: the baseline
   streaming pass  exp(x * c) over a tensor of the scores' shape: one read and one write per element,
                   the elementwise work a softmax does between the two products, as GB/s
   write bound     the product's output bytes at that streaming rate: a time no schedule that writes
@@ -134,13 +135,47 @@ def roofline(q: jax.Array, rng: np.random.Generator, t: int, repeats: int, calls
     print(f"\nroofline of the score product S = Q K^T [{b},{h},{s},{t}] ({k} columns per head; ms per call, "
           f"median of {repeats}):")
     print(f"score product alone     {product_ms:.2f} ms   {gflops:.1f} GFLOP/s = {100 * gflops / peak:.0f}% of the "
-          f"matmul peak ({peak:.1f} GFLOP/s, f32 2048^3)")
+          f"matmul peak ({peak:.1f} GFLOP/s, f32 2048^3, on {perf.cores()} cores)")
+    torch_ms = torch_bmm_ms(q, keys, got, repeats, calls)
+    if torch_ms is not None:
+        print(f"torch.bmm, same product {torch_ms:.2f} ms   {flops / (torch_ms * 1e6):.1f} GFLOP/s "
+              f"({_torch_threads()} threads; checked equal to the timed product's first head)")
     print(f"streaming pass exp(x*c) {stream_ms:.2f} ms   {stream_gbs:.1f} GB/s (read + write)")
     print(f"write bound of S        {write_ms:.2f} ms   (its {out_bytes / 1e6:.1f} MB at that rate: "
           f"{100 * write_ms / product_ms:.0f}% of the product's time; at the peak the FLOPs alone take "
           f"{flops / (peak * 1e6):.2f} ms)")
     return {"product_ms": product_ms, "stream_ms": stream_ms, "write_bound_ms": write_ms, "peak_gflops": peak,
-            "product_gflops": gflops, "stream_gbs": stream_gbs}
+            "product_gflops": gflops, "stream_gbs": stream_gbs, "cores": perf.cores(), "torch_bmm_ms": torch_ms}
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def torch_bmm_ms(q: jax.Array, keys: jax.Array, first_head: np.ndarray, repeats: int, calls: int):
+    """The same score product as `torch.bmm` over the B*H heads with torch's default threads (the
+    baseline that splits the batch over the cores), or None without torch. Its first head must agree
+    with the timed JAX product's (within 1e-4 relative) before it is timed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    b, h, s, k = q.shape
+    tq = torch.from_numpy(np.array(q).reshape(b * h, s, k))
+    tk = torch.from_numpy(np.array(keys).reshape(b * h, -1, k)).transpose(1, 2)  # [B*H, K, T]
+    out = torch.bmm(tq, tk)
+    rel = float(np.abs(out[0].numpy() - first_head).max() / np.abs(first_head).max())
+    if rel > 1e-4:
+        raise SystemExit(f"torch.bmm disagrees with the JAX score product (max rel diff {rel:.1e})")
+    per = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(calls):
+            torch.bmm(tq, tk, out=out)
+        per.append((time.perf_counter() - t) / calls * 1e3)
+    return float(np.median(per))
 
 
 if __name__ == "__main__":

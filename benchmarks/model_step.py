@@ -113,6 +113,9 @@ VARIANTS = {
     # (2026-12-07, idle AMD EPYC family 25 model 1): interleaved 2.433 s autodiff, 1.800 s recompute,
     # torch 1.847 s; alone 2.130 s, 1.935 s, torch 2.286 s: recompute is the default.
     "attn-autodiff": ("c2jax.model.mla", "ATTN_BACKWARD", "autodiff"),
+    "head-groups-2": ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 2),
+    "head-groups-4": ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 4),
+    "head-groups-8": ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 8),
 }
 
 
@@ -474,7 +477,7 @@ def main(argv=None) -> int:
         for row in [r for r in args.row_list if args.profile and r.startswith("jax-dropless") and r in steps]:
             print_profile(steps[row], args.batch, args.seq, peak, row)
         fl = perf.train_step_flops(cfg, args.batch, args.seq)
-        print(f"\nmatmul peak (best f32 2048^3 jnp.dot, this run): {peak:.1f} GFLOP/s; dropless step "
+        print(f"\nmatmul peak (best f32 2048^3 jnp.dot, this run, on {perf.cores()} cores): {peak:.1f} GFLOP/s; dropless step "
               f"{fl / 1e9:.2f} GFLOP (perf.train_step_flops)")
         if "interleaved" in args.mode_list:
             inter_rows = [r for r in args.row_list if r in steps]

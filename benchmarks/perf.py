@@ -178,6 +178,14 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5, dtype: str = "float32") 
     return 2 * n ** 3 / st.min / 1e9
 
 
+def cores() -> int:
+    """CPU cores this process may run on (its affinity mask: `taskset -c 0 python ...` gives 1). The
+    peak and every timing depend on it, so the scripts print it beside the peak."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def mfu(flops: float, seconds: float, peak_gflops: float) -> float:
     """Model FLOPs utilisation: flops / seconds / peak (peak in GFLOP/s)."""
     return flops / seconds / (peak_gflops * 1e9)

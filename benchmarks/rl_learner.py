@@ -53,6 +53,8 @@ VARIANTS = {
     # attention's backward: "recompute" (default since 2026-12-07, c2jax/model/attention_recompute.py)
     # or "autodiff" (before)
     "attn-backward": ("c2jax.model.mla", "ATTN_BACKWARD"),
+    # attention's heads in this many independent groups (mla.ATTN_HEAD_GROUPS; 1 = one call)
+    "head-groups": ("c2jax.model.mla", "ATTN_HEAD_GROUPS"),
 }
 
 

@@ -43,6 +43,10 @@ ABSORBED_OUT = "bhsc"
 # recomputes the transposed probabilities from saved row statistics). The rotary-split and
 # batch-chunk paths stay on autodiff.
 ATTN_BACKWARD = "recompute"  # the default since 2026-12-07 (README, "Performance figures")
+# The recompute path's heads in this many independent groups (1: all heads in one call). XLA:CPU runs
+# one batched attention product on one thread (measured: the same time on 1 core as on 2), but it runs
+# independent chains of work side by side, so groups of heads let both cores share attention.
+ATTN_HEAD_GROUPS = 1
 
 
 def queries(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -104,7 +108,10 @@ def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
     chunk = ATTN_BATCH_CHUNK
     b = q.shape[0]
     if backward == "recompute" and qr_kr is None and (chunk is None or chunk >= b or b % chunk):
-        o = attend_heads_recompute(q, k, v, mask, n, scale, dt)
+        groups = ATTN_HEAD_GROUPS if ATTN_HEAD_GROUPS > 1 and h % ATTN_HEAD_GROUPS == 0 else 1
+        parts = zip(*(jnp.split(t, groups, axis=1) for t in (q, k, v)))  # each [B, H/groups, S|T, *]
+        o = jnp.concatenate([attend_heads_recompute(qg, kg, vg, mask, n, scale, dt) for qg, kg, vg in parts],
+                            axis=1)  # [B,H,S,v]
     elif chunk is None or chunk >= b or b % chunk:
         o = _attend_heads(q, k, v, mask, qr_kr, n, scale, dt)
     else:

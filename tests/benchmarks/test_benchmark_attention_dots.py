@@ -26,6 +26,8 @@ def test_the_roofline_is_printed_from_its_own_timings(capsys, monkeypatch):
     res = attention_dots.main(["--shape", "2,2,16,32,8", "--repeats", "5", "--calls", "2", "--roofline"])
     out = capsys.readouterr().out
     assert "write bound of S" in out and "of the matmul peak (100.0 GFLOP/s" in out
+    assert f"on {attention_dots.perf.cores()} cores)" in out and res["cores"] == attention_dots.perf.cores()
+    assert res["torch_bmm_ms"] > 0 and "torch.bmm, same product" in out  # the CI installs the torch extra
     out_bytes = 4.0 * 2 * 2 * 16 * 32
     assert res["write_bound_ms"] == pytest.approx(res["stream_ms"] / 2)
     assert res["stream_gbs"] == pytest.approx(2 * out_bytes / (res["stream_ms"] * 1e6))
@@ -55,3 +57,13 @@ def test_forms_that_disagree_are_not_timed(monkeypatch):
     monkeypatch.setattr(attention_dots, "timed", lambda *a, **k: pytest.fail("timed forms that disagree"))
     with pytest.raises(SystemExit, match="disagree"):
         attention_dots.main(["--shape", "2,2,16,32,8"])
+
+
+def test_a_torch_product_that_disagrees_is_not_timed(monkeypatch):
+    """Positive control for the torch row's check: a bmm that computes something else stops the script
+    before its time is printed beside the JAX product's."""
+    torch = pytest.importorskip("torch")
+    real = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda a, b, **kw: real(a, b, **kw) * 1.01)
+    with pytest.raises(SystemExit, match="torch.bmm disagrees"):
+        attention_dots.main(["--shape", "2,2,16,32,8", "--repeats", "5", "--calls", "2", "--roofline"])

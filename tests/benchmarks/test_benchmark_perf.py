@@ -115,3 +115,18 @@ def test_flops_agree_with_xla_cost_analysis(train):
         cfg.attention.qk_head_dim + cfg.attention.v_head_dim) * (s * s - perf.attention_pairs(s))
     assert ours <= xla <= 1.06 * ours, (ours, xla)  # the rest is elementwise (norms, softmax, ...)
     assert xla < full_square, (xla, full_square)  # the skipped causal blocks are really skipped
+
+
+def test_cores_is_the_affinity_mask():
+    """perf.cores() counts the cores the process may run on, so a `taskset -c 0` run prints 1: the
+    figure that says whether a timing had one core or two."""
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no sched_getaffinity on this platform")
+    mask = os.sched_getaffinity(0)
+    assert perf.cores() == len(mask) >= 1
+    try:
+        os.sched_setaffinity(0, {min(mask)})
+        assert perf.cores() == 1
+    finally:
+        os.sched_setaffinity(0, mask)
+    assert perf.cores() == len(mask)

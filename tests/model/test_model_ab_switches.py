@@ -15,6 +15,8 @@ SWITCHES = [
     ("c2jax.model.mla", "SPLIT_ROPE_SCORES", True),
     ("c2jax.model.mla", "CAUSAL_BLOCK", 64),  # 2 causal query blocks instead of the whole square
     ("c2jax.model.mla", "ATTN_BACKWARD", "autodiff"),  # attention backward by autodiff (default: recompute)
+    ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 2),  # the recompute path's heads in 2 independent calls
+    ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 4),  # ... one head per call (the tiny preset has 4 heads)
     ("c2jax.model.transformer", "SCAN_UNROLL", True),  # the layer scans unrolled
     ("c2jax.model.transformer", "SCAN_UNROLL", "python"),  # the layer loops as Python code (no scan)
 ]
