@@ -116,16 +116,19 @@ VARIANTS = {
     "head-groups-2": ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 2),
     "head-groups-4": ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 4),
     "head-groups-8": ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 8),
+    "python-loops": ("c2jax.model.transformer", "SCAN_UNROLL", "python"),  # layer loops as Python code
 }
 
 
 def row_spec(row: str) -> tuple:
     """(side, description, same computation as torch eager) of a row name, variants included."""
     base, _, variant = row.partition("@")
-    if base not in ROWS or (variant and (not base.startswith("jax") or variant not in VARIANTS)):
+    names = variant.split("+") if variant else []
+    if base not in ROWS or (names and (not base.startswith("jax") or any(n not in VARIANTS for n in names))):
         raise KeyError(row)
     side, desc, same = ROWS[base]
-    return side, desc + (f" [variant {variant}: {VARIANTS[variant][1]}={VARIANTS[variant][2]!r}]" if variant else ""), same
+    sets = ", ".join(f"{VARIANTS[n][1]}={VARIANTS[n][2]!r}" for n in names)
+    return side, desc + (f" [variant {variant}: {sets}]" if variant else ""), same
 
 
 GRAD_RTOL = 1e-4
@@ -154,17 +157,17 @@ class JaxStep:
             nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0]
             return jnp.mean(nll), jnp.mean(out["dropped_fraction"])
         lowered = jax.jit(jax.value_and_grad(loss, has_aux=True))
-        if variant:
-            mod, attr, value = VARIANTS[variant]
-            mod = importlib.import_module(mod)
-            old = getattr(mod, attr)
-            setattr(mod, attr, value)
-            try:
-                self.fn = lowered.lower(self.params, self.tokens).compile()
-            finally:
-                setattr(mod, attr, old)
-        else:
+        saved = []  # (module, attribute, value before) of each switch this row sets; "a+b" sets both
+        try:
+            for name in variant.split("+") if variant else []:
+                mod, attr, value = VARIANTS[name]
+                mod = importlib.import_module(mod)
+                saved.append((mod, attr, getattr(mod, attr)))
+                setattr(mod, attr, value)
             self.fn = lowered.lower(self.params, self.tokens).compile()
+        finally:
+            for mod, attr, value in reversed(saved):
+                setattr(mod, attr, value)
         self.grads = None
         self.dropped = 0.0
 
@@ -407,8 +410,8 @@ def parse_args(argv=None):
     ap.add_argument("--repeats", type=int, default=perf.MIN_REPEATS)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rows", default="jax-dropless,jax-capacity,torch,torch-compile",
-                    help=f"comma list of {list(ROWS)}; a jax row may add @VARIANT ({list(VARIANTS)}) "
-                         "for a same-process A/B of a model code path")
+                    help=f"comma list of {list(ROWS)}; a jax row may add @VARIANT ({list(VARIANTS)}), or "
+                         "@VARIANT+VARIANT for several at once, for a same-process A/B of a model code path")
     ap.add_argument("--modes", default="alone,interleaved", help="comma list of alone, interleaved (or none)")
     ap.add_argument("--profile", action="store_true", help="trace each jax-dropless row's step (variants included) and print where time goes")
     ap.add_argument("--loss-rtol", type=float, default=1e-6)

@@ -47,6 +47,8 @@ def test_parity_gate_stops_when_a_same_computation_row_differs(loss, gn):
 
 @pytest.mark.parametrize("argv,msg", [
     (["--rows", "jax-dropless,tf"], "unknown"),
+    (["--rows", "jax-dropless@head-groups-4+nope"], "unknown"),
+    (["--rows", "torch@head-groups-4"], "unknown"),
     (["--repeats", "3"], "must be >= 5"),
     (["--modes", "alone,both"], "--modes"),
     (["--batch", "0"], "--batch"),
@@ -57,6 +59,42 @@ def test_bad_arguments_fail_before_compute(argv, msg, capsys):
     with pytest.raises(SystemExit):
         model_step.parse_args(argv)
     assert msg in capsys.readouterr().err
+
+
+def test_combined_variant_sets_every_switch_and_restores_them():
+    """A row "jax-dropless@a+b" compiles its step with both switches set and leaves both modules as
+    they were, so the next row compiles the default."""
+    import c2jax.model.mla as mla
+    import c2jax.model.transformer as transformer
+
+    _, desc, same = model_step.row_spec("jax-dropless@head-groups-4+python-loops")
+    assert "ATTN_HEAD_GROUPS=4" in desc and "SCAN_UNROLL='python'" in desc and same
+    seen = {}
+
+    class Lowered:  # stands in for jax's lowered step: records the switches when compile() runs
+        def compile(self):
+            seen.update(groups=mla.ATTN_HEAD_GROUPS, loop=transformer.SCAN_UNROLL)
+            return lambda *a: None
+
+    class Jitted:
+        def lower(self, *a):
+            return Lowered()
+
+    import jax
+    import numpy as np
+
+    before = (mla.ATTN_HEAD_GROUPS, transformer.SCAN_UNROLL)
+    tokens = np.zeros((1, 8), np.int64)
+    step = model_step.JaxStep.__new__(model_step.JaxStep)
+    monkey = pytest.MonkeyPatch()
+    try:
+        monkey.setattr(jax, "jit", lambda f, **kw: Jitted())
+        monkey.setattr("c2jax.model.hf.io.from_pretrained", lambda *a, **k: ({}, None))
+        model_step.JaxStep.__init__(step, "unused", "dropless", tokens, "head-groups-4+python-loops")
+    finally:
+        monkey.undo()
+    assert seen == {"groups": 4, "loop": "python"}
+    assert (mla.ATTN_HEAD_GROUPS, transformer.SCAN_UNROLL) == before
 
 
 @pytest.mark.slow  # compiles the small model twice and starts 3 workers: ~2-4 min on 2 cores
