@@ -109,9 +109,12 @@ def attend_expanded(p: dict, q_nope: jax.Array, q_rope: jax.Array, c_kv: jax.Arr
     b = q.shape[0]
     if backward == "recompute" and qr_kr is None and (chunk is None or chunk >= b or b % chunk):
         groups = ATTN_HEAD_GROUPS if ATTN_HEAD_GROUPS > 1 and h % ATTN_HEAD_GROUPS == 0 else 1
-        parts = zip(*(jnp.split(t, groups, axis=1) for t in (q, k, v)))  # each [B, H/groups, S|T, *]
-        o = jnp.concatenate([attend_heads_recompute(qg, kg, vg, mask, n, scale, dt) for qg, kg, vg in parts],
-                            axis=1)  # [B,H,S,v]
+        if groups == 1:
+            o = attend_heads_recompute(q, k, v, mask, n, scale, dt)
+        else:
+            parts = zip(*(jnp.split(t, groups, axis=1) for t in (q, k, v)))  # each [B, H/groups, S|T, *]
+            o = jnp.concatenate([attend_heads_recompute(qg, kg, vg, mask, n, scale, dt) for qg, kg, vg in parts],
+                                axis=1)  # [B,H,S,v]
     elif chunk is None or chunk >= b or b % chunk:
         o = _attend_heads(q, k, v, mask, qr_kr, n, scale, dt)
     else:
