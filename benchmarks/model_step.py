@@ -113,6 +113,12 @@ VARIANTS = {
     # (2026-12-07, idle AMD EPYC family 25 model 1): interleaved 2.433 s autodiff, 1.800 s recompute,
     # torch 1.847 s; alone 2.130 s, 1.935 s, torch 2.286 s: recompute is the default.
     "attn-autodiff": ("c2jax.model.mla", "ATTN_BACKWARD", "autodiff"),
+    # attention's heads in N independent calls (XLA:CPU runs one batched attention product on one
+    # thread but overlaps independent chains), and the layer loops as Python code; rows may combine
+    # them, "@head-groups-4+python-loops". `--rows jax-dropless,jax-dropless@head-groups-4+python-loops,
+    # torch,torch-compile --modes alone --repeats 7` on an idle AMD EPYC family 25 model 17 (2026-12-07):
+    # 1.617 s against the default's 1.757 s, torch eager 1.622 s, compiled 1.446 s. Not the default
+    # (README, "Correction ...: those products run on one core").
     "head-groups-2": ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 2),
     "head-groups-4": ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 4),
     "head-groups-8": ("c2jax.model.mla", "ATTN_HEAD_GROUPS", 8),
