@@ -21,7 +21,7 @@ the mean over ``--calls`` calls, in ms, and the transposed form's total over the
 ``--roofline`` adds what bounds the block's score product S = Q K^T [B,H,S,T] (K columns per head):
   score product   einsum('bhsk,bhtk->bhst', Q, K) alone, its GFLOP/s against the run's matmul peak
                   (best f32 2048^3 `jnp.dot`, benchmarks/perf.py)
-  torch.bmm       the same product in PyTorch (default threads), checked equal first: the baseline
+  torch.bmm       the same product in PyTorch (a thread per core), checked equal first, timed last
   streaming pass  exp(x * c) over a tensor of the scores' shape: one read and one write per element,
                   the elementwise work a softmax does between the two products, as GB/s
   write bound     the product's output bytes at that streaming rate: a time no schedule that writes
@@ -121,7 +121,8 @@ def roofline(q: jax.Array, rng: np.random.Generator, t: int, repeats: int, calls
     flops = 2.0 * b * h * s * t * k
     out_bytes = 4.0 * b * h * s * t
     product = lambda x, y: jnp.einsum("bhsk,bhtk->bhst", x, y)  # noqa: E731
-    got = np.asarray(jax.jit(product)(q, keys)[0, 0], np.float64)  # the timed program's first head
+    full = np.asarray(jax.jit(product)(q, keys))  # the timed program's output, every head [B,H,S,T]
+    got = full[0, 0].astype(np.float64)
     want = np.asarray(q[0, 0], np.float64) @ np.asarray(keys[0, 0], np.float64).T  # [S, T] in float64
     rel = float(np.abs(got - want).max() / np.abs(want).max())
     if rel > 1e-4:
@@ -129,6 +130,8 @@ def roofline(q: jax.Array, rng: np.random.Generator, t: int, repeats: int, calls
     product_ms = timed(product, (q, keys), repeats, calls)
     stream_ms = timed(lambda x: jnp.exp(x * 0.125), (scores,), repeats, calls)
     peak = perf.matmul_peak_gflops()
+    # torch last: its OpenMP threads are timed after every JAX figure, so they cannot slow one
+    torch_ms, torch_threads = torch_bmm_ms(q, keys, full, repeats, calls)
     stream_gbs = 2 * out_bytes / (stream_ms * 1e6)  # one read + one write per element
     write_ms = out_bytes / (stream_gbs * 1e6)
     gflops = flops / (product_ms * 1e6)
@@ -136,10 +139,9 @@ def roofline(q: jax.Array, rng: np.random.Generator, t: int, repeats: int, calls
           f"median of {repeats}):")
     print(f"score product alone     {product_ms:.2f} ms   {gflops:.1f} GFLOP/s = {100 * gflops / peak:.0f}% of the "
           f"matmul peak ({peak:.1f} GFLOP/s, f32 2048^3, on {perf.cores()} cores)")
-    torch_ms = torch_bmm_ms(q, keys, got, repeats, calls)
     if torch_ms is not None:
         print(f"torch.bmm, same product {torch_ms:.2f} ms   {flops / (torch_ms * 1e6):.1f} GFLOP/s "
-              f"({_torch_threads()} threads; checked equal to the timed product's first head)")
+              f"({torch_threads} threads; checked equal to the timed product, every head)")
     print(f"streaming pass exp(x*c) {stream_ms:.2f} ms   {stream_gbs:.1f} GB/s (read + write)")
     print(f"write bound of S        {write_ms:.2f} ms   (its {out_bytes / 1e6:.1f} MB at that rate: "
           f"{100 * write_ms / product_ms:.0f}% of the product's time; at the peak the FLOPs alone take "
@@ -148,34 +150,26 @@ def roofline(q: jax.Array, rng: np.random.Generator, t: int, repeats: int, calls
             "product_gflops": gflops, "stream_gbs": stream_gbs, "cores": perf.cores(), "torch_bmm_ms": torch_ms}
 
 
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
-def torch_bmm_ms(q: jax.Array, keys: jax.Array, first_head: np.ndarray, repeats: int, calls: int):
-    """The same score product as `torch.bmm` over the B*H heads with torch's default threads (the
-    baseline that splits the batch over the cores), or None without torch. Its first head must agree
-    with the timed JAX product's (within 1e-4 relative) before it is timed."""
+def torch_bmm_ms(q: jax.Array, keys: jax.Array, jax_scores: np.ndarray, repeats: int, calls: int):
+    """(ms per call, threads) of the same score product as `torch.bmm` over the B*H heads, one torch
+    thread per core this process may use (the baseline that splits the batch over the cores), or
+    (None, 0) without torch. Every head must agree with the JAX product's ``jax_scores`` [B,H,S,T]
+    (within 1e-4 of its largest entry) before it is timed."""
     try:
         import torch
     except ImportError:
-        return None
+        return None, 0
+    torch.set_num_threads(perf.cores())
     b, h, s, k = q.shape
     tq = torch.from_numpy(np.array(q).reshape(b * h, s, k))
     tk = torch.from_numpy(np.array(keys).reshape(b * h, -1, k)).transpose(1, 2)  # [B*H, K, T]
-    out = torch.bmm(tq, tk)
-    rel = float(np.abs(out[0].numpy() - first_head).max() / np.abs(first_head).max())
+    out = torch.bmm(tq, tk)  # [B*H, S, T]
+    ref = jax_scores.reshape(out.shape)
+    rel = float(np.abs(out.numpy() - ref).max() / np.abs(ref).max())
     if rel > 1e-4:
         raise SystemExit(f"torch.bmm disagrees with the JAX score product (max rel diff {rel:.1e})")
-    per = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(calls):
-            torch.bmm(tq, tk, out=out)
-        per.append((time.perf_counter() - t) / calls * 1e3)
-    return float(np.median(per))
+    st = perf.time_repeats(lambda: [torch.bmm(tq, tk, out=out) for _ in range(calls)], repeats=repeats)
+    return st.median / calls * 1e3, torch.get_num_threads()
 
 
 if __name__ == "__main__":
