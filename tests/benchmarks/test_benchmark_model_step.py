@@ -61,7 +61,7 @@ def test_bad_arguments_fail_before_compute(argv, msg, capsys):
     assert msg in capsys.readouterr().err
 
 
-def test_combined_variant_sets_every_switch_and_restores_them():
+def test_combined_variant_sets_every_switch_and_restores_them(monkeypatch):
     """A row "jax-dropless@a+b" compiles its step with both switches set and leaves both modules as
     they were, so the next row compiles the default."""
     import c2jax.model.mla as mla
@@ -84,15 +84,9 @@ def test_combined_variant_sets_every_switch_and_restores_them():
     import numpy as np
 
     before = (mla.ATTN_HEAD_GROUPS, transformer.SCAN_UNROLL)
-    tokens = np.zeros((1, 8), np.int64)
-    step = model_step.JaxStep.__new__(model_step.JaxStep)
-    monkey = pytest.MonkeyPatch()
-    try:
-        monkey.setattr(jax, "jit", lambda f, **kw: Jitted())
-        monkey.setattr("c2jax.model.hf.io.from_pretrained", lambda *a, **k: ({}, None))
-        model_step.JaxStep.__init__(step, "unused", "dropless", tokens, "head-groups-4+python-loops")
-    finally:
-        monkey.undo()
+    monkeypatch.setattr(jax, "jit", lambda f, **kw: Jitted())
+    monkeypatch.setattr("c2jax.model.hf.io.from_pretrained", lambda *a, **k: ({}, None))
+    model_step.JaxStep("unused", "dropless", np.zeros((1, 8), np.int64), "head-groups-4+python-loops")
     assert seen == {"groups": 4, "loop": "python"}
     assert (mla.ATTN_HEAD_GROUPS, transformer.SCAN_UNROLL) == before
 
