@@ -16,9 +16,12 @@ the step `model_step.py`'s `jax-dropless` row times):
   shard_map DP   the batch split over N devices under ``jax.shard_map``: each device the loss of its rows,
                  loss and gradients averaged with ``pmean`` (equal rows per device, so the mean of the
                  means is the mean)
-  GSPMD DP       ``jit`` with the parameters replicated and the batch sharded over a ("data",) mesh, the
-                 partitioner deciding the rest: what the training loop compiles under
-                 ``config.mesh.data=N`` (c2jax.model.parallel.sharding)
+  mesh DP        what the training loop compiles under ``config.mesh.data=N``: the model of
+                 `c2jax.model.parallel.sharded.sharded_apply_fn` (each device's routed experts on its own
+                 tokens, `ep_moe.local_moe`) jitted with the parameters replicated and the batch sharded
+  GSPMD DP       plain `transformer.apply` under the same shardings, the partitioner deciding the rest
+                 (the training loop before `local_moe`: dropless routing's sort gathered every token to
+                 every device)
 
 Parity gate before any timing: each split row's loss within --loss-rtol (1e-6) of one device's, and the
 norm of its gradient's difference within 1e-4 of the gradient's norm; the script stops otherwise. Two
@@ -64,13 +67,13 @@ sys.path[:0] = [p for p in (os.path.dirname(_HERE), _HERE) if p not in sys.path]
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import perf  # noqa: E402
 
 GRAD_RTOL = 1e-4
-ROWS = ("one device", "shard_map DP", "GSPMD DP")
+ROWS = ("one device", "shard_map DP", "mesh DP", "GSPMD DP")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -105,11 +108,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def loss_fn(cfg):
+def loss_fn(cfg, mesh=None):
+    """Mean next-token cross-entropy of tokens [B, S]; with `mesh`, through the training loop's sharded
+    model (`sharded_apply_fn`), else plain `transformer.apply`."""
     from c2jax.model.transformer import apply
 
+    if mesh is not None:
+        from c2jax.model.parallel.sharded import sharded_apply_fn
+
+        sharded = sharded_apply_fn(cfg, mesh)
+        forward = lambda params, tok: sharded(params, {"tokens": tok})  # noqa: E731
+    else:
+        forward = lambda params, tok: apply(params, tok, cfg)  # noqa: E731
+
     def loss(params, tok):  # tok [B, S] -> mean next-token cross-entropy over B x (S-1)
-        logits, tgt = apply(params, tok, cfg)["logits"][:, :-1], tok[:, 1:]  # [B, S-1, V], [B, S-1]
+        logits, tgt = forward(params, tok)["logits"][:, :-1], tok[:, 1:]  # [B, S-1, V], [B, S-1]
         nll = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, tgt[..., None], -1)[..., 0]
         return jnp.mean(nll)
     return loss
@@ -126,7 +139,9 @@ def build_rows(cfg, params, tokens: np.ndarray, devices: list, names: tuple = RO
     one = jax.jit(jax.value_and_grad(loss))
     p1, t1 = jax.device_put(params, devices[0]), jax.device_put(jnp.asarray(tokens, jnp.int32), devices[0])
 
-    mesh = Mesh(np.array(devices), ("data",))
+    from c2jax.model.parallel.sharding import MeshConfig, make_mesh
+
+    mesh = make_mesh(MeshConfig(data=len(devices)), devices)  # axes data, fsdp, expert, context
     rep, bat = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     pn, tn = jax.device_put(params, rep), jax.device_put(jnp.asarray(tokens, jnp.int32), bat)
 
@@ -136,7 +151,9 @@ def build_rows(cfg, params, tokens: np.ndarray, devices: list, names: tuple = RO
     # check_vma off: the layer scan's carries start replicated and become per-device inside the map
     sm = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P()), check_vma=False))
     gs = jax.jit(jax.value_and_grad(loss), in_shardings=(rep, bat), out_shardings=(rep, rep))
-    rows = {"one device": lambda: one(p1, t1), "shard_map DP": lambda: sm(pn, tn), "GSPMD DP": lambda: gs(pn, tn)}
+    md = jax.jit(jax.value_and_grad(loss_fn(cfg, mesh)), in_shardings=(rep, bat), out_shardings=(rep, rep))
+    rows = {"one device": lambda: one(p1, t1), "shard_map DP": lambda: sm(pn, tn), "mesh DP": lambda: md(pn, tn),
+            "GSPMD DP": lambda: gs(pn, tn)}
     return {name: rows[name] for name in names}
 
 

@@ -15,8 +15,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from c2jax.model.parallel import cp_attention, ep_moe
-from c2jax.model.parallel.sharding import (MeshConfig, batch_spec, check_batch_divisible, global_batch, make_mesh,
-                                           param_shardings, tree_shardings_like_params)
+from c2jax.model.parallel.sharding import (TOKEN_AXES, MeshConfig, batch_spec, check_batch_divisible, global_batch,
+                                           make_mesh, param_shardings, tree_shardings_like_params)
 from c2jax.model.transformer import apply
 
 
@@ -24,9 +24,11 @@ from c2jax.model.transformer import apply
 
 def sharded_apply_fn(cfg, mesh: Mesh, mesh_cfg: Any = None):
     """``fn(params, batch) -> outputs``: `transformer.apply` with the parallel implementations for
-    `mesh` swapped in (CP attention when context > 1, EP dispatch when expert > 1). Same batch
+    `mesh` swapped in (CP attention when context > 1; EP dispatch when expert > 1, else, when tokens
+    are split at all, each device's routed experts on its own tokens, `ep_moe.local_moe`). Same batch
     layout as `c2jax.train.pretrain.model_apply_fn`; jit it with `state_shardings`/`batch_shardings`."""
     mc = MeshConfig() if mesh_cfg is None else MeshConfig.from_config(mesh_cfg)
+    token_split = int(np.prod([mesh.shape[a] for a in TOKEN_AXES]))
 
     def fn(params, batch):
         seg = batch.get("segment_ids")
@@ -36,6 +38,8 @@ def sharded_apply_fn(cfg, mesh: Mesh, mesh_cfg: Any = None):
         experts = None
         if mesh.shape["expert"] > 1:
             experts = ep_moe.make_experts_fn(mesh, quant=mc.dispatch_quant, ragged=mc.ep_ragged)
+        elif token_split > 1:
+            experts = ep_moe.make_local_experts_fn(mesh)
         return apply(params, batch["tokens"], cfg, segment_ids=seg, positions=batch.get("positions"),
                      attend_fn=attend, experts_fn=experts)
 
