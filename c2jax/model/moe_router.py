@@ -36,7 +36,9 @@ def _choice_scores(scores: jax.Array, bias: jax.Array, m: MoEConfig) -> jax.Arra
         grouped = choice.reshape(n, m.n_group, e // m.n_group)
         top2 = jax.lax.top_k(grouped, min(2, e // m.n_group))[0].sum(-1)  # [N, G]
         _, gidx = jax.lax.top_k(top2, m.topk_group)  # [N, topk_group]
-        gmask = jnp.zeros_like(top2, dtype=bool).at[jnp.arange(n)[:, None], gidx].set(True)
+        # [N, G]: the chosen groups, by comparison rather than a scatter at (row, group), which the SPMD
+        # partitioner cannot split over sharded rows (it gathered every token's scores to every device)
+        gmask = (gidx[:, :, None] == jnp.arange(m.n_group)[None, None, :]).any(1)
         choice = jnp.where(jnp.repeat(gmask, e // m.n_group, axis=1), choice, -jnp.inf)
     return choice
 

@@ -55,7 +55,9 @@ def setup():
     return cfg, tiny_params(cfg)
 
 
-@pytest.mark.parametrize("mesh_cfg", [MeshConfig(data=8), MeshConfig(data=2, fsdp=4)], ids=["data8", "dp2_fsdp4"])
+@pytest.mark.parametrize("mesh_cfg", [MeshConfig(data=8),
+                                      pytest.param(MeshConfig(data=2, fsdp=4), marks=pytest.mark.slow)],
+                         ids=["data8", "dp2_fsdp4"])
 def test_no_collective_carries_every_tokens_hidden_state_and_plain_apply_would(setup, mesh_cfg):
     cfg, params = setup
     mesh = make_mesh(mesh_cfg)
