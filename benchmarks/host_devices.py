@@ -132,12 +132,10 @@ def build_rows(cfg, params, tokens: np.ndarray, devices: list, names: tuple = RO
     """{row name: zero-argument callable returning (loss, grads), already placed on its devices}, for the
     rows in `names` (one device needs only devices[0]; the split rows need them all)."""
     loss = loss_fn(cfg)
-    if tuple(names) == ("one device",):
-        one = jax.jit(jax.value_and_grad(loss))
-        p1, t1 = jax.device_put(params, devices[0]), jax.device_put(jnp.asarray(tokens, jnp.int32), devices[0])
-        return {"one device": lambda: one(p1, t1)}
     one = jax.jit(jax.value_and_grad(loss))
     p1, t1 = jax.device_put(params, devices[0]), jax.device_put(jnp.asarray(tokens, jnp.int32), devices[0])
+    if tuple(names) == ("one device",):  # a one-device process: no mesh to build
+        return {"one device": lambda: one(p1, t1)}
 
     from c2jax.model.parallel.sharding import MeshConfig, make_mesh
 
