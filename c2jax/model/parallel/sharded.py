@@ -15,8 +15,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from c2jax.model.parallel import cp_attention, ep_moe
-from c2jax.model.parallel.sharding import (TOKEN_AXES, MeshConfig, batch_spec, check_batch_divisible, global_batch,
-                                           make_mesh, param_shardings, tree_shardings_like_params)
+from c2jax.model.parallel.sharding import (TOKEN_AXES, MeshConfig, axis_size, batch_spec, check_batch_divisible,
+                                           global_batch, make_mesh, param_shardings, tree_shardings_like_params)
 from c2jax.model.transformer import apply
 
 
@@ -28,7 +28,7 @@ def sharded_apply_fn(cfg, mesh: Mesh, mesh_cfg: Any = None):
     are split at all, each device's routed experts on its own tokens, `ep_moe.local_moe`). Same batch
     layout as `c2jax.train.pretrain.model_apply_fn`; jit it with `state_shardings`/`batch_shardings`."""
     mc = MeshConfig() if mesh_cfg is None else MeshConfig.from_config(mesh_cfg)
-    token_split = int(np.prod([mesh.shape[a] for a in TOKEN_AXES]))
+    token_split = axis_size(mesh, TOKEN_AXES)
 
     def fn(params, batch):
         seg = batch.get("segment_ids")
