@@ -10,9 +10,13 @@ change, sed that line by the number just printed, print it, finish; the harness 
 tool only; ~200 policy tokens per demonstration), balanced over the kinds of fix (`agent_sft.balance
 ="kind"`: each kind's demonstrations cycled to the most common kind's count, 3910 -> 13400 rows; the
 family's `+ -> *` is 46% of its tasks and `!= -> ==` 2%, and unbalanced the SFT policy solved none of
-several rare kinds' held-out tasks, so RL had nothing to lift there), 600 SFT steps on rows fitted to
+several rare kinds' held-out tasks, so RL had nothing to lift there), 900 SFT steps on rows fitted to
 the demonstrations (`agent_sft.fit_rows`: rows of 576 instead of 1024, the same loss at half the SFT
-time). 1000 CPT steps,
+time). 900 SFT steps, not the 600 of the runs before 2026-12-07 (session 34): the build had ~4 of its
+15 minutes spare, and the 900-step cold start (held-out pass@1 0.25 against 0.15, pass@8 0.66 against
+0.56, inside the issue's window) gains about twice as much from the same RL stage (seeds 0 and 1:
+pass@1 +0.033 and +0.028 against +0.021 and +0.013; README, "the 900-step cold start";
+`--config.agent_sft.steps=600` rebuilds the earlier one). 1000 CPT steps,
 not 300, because the policy must copy the line number it has just read: `python -m
 c2jax.train.sed_probe` (teacher-forced, about a minute) finds the copy right 83% of the time after
 1000 CPT steps and 27% after 300 (held-out SFT pass@1 0.60 against 0.14; docs/rl_experiments.md).
@@ -70,7 +74,8 @@ Presets (after ':'):
                   (rl.tasks.ambiguous=0.75: a broken `v = a + b` that was `a * b` with probability 0.75,
                   else `a - b`; nothing readable and no wanted value tells which), a cold start fine-tuned
                   from the default's (agent_sft.init_from="run:runs/rl", the README's main command, which
-                  must have run first, at least through its build) for 300 steps on the variant's
+                  must have run first, at least through its build; the README's figures fine-tuned the
+                  600-SFT-step cold start of the default before 2026-12-07) for 300 steps on the variant's
                   demonstrations as the demonstrator drew them (balance none), RL without the unlikeliness
                   term (it pushes towards the least likely correct samples, against the mode-seeking that
                   closes this gap). The first measurement fine-tuned the converged 1600-step cold start
@@ -227,7 +232,7 @@ def get_config(arg: str = "default") -> ml_collections.ConfigDict:
     # config with --config.train.steps=1000), so the default's build is theirs, content hash included.
     config.train = _cpt(steps=4, batch_size=4, seq_len=64, peak_lr=1e-2) if smoke else \
         _cpt(steps=1000, batch_size=8, seq_len=256, peak_lr=1e-2, warmup_steps=15, eval_every=300, ckpt_every=150)
-    config.agent_sft = dict(steps=4 if smoke else 600, batch_size=2 if smoke else 4, seq_len=1024,
+    config.agent_sft = dict(steps=4 if smoke else 900, batch_size=2 if smoke else 4, seq_len=1024,
                             peak_lr=3e-3, warmup_steps=2 if smoke else 20, min_lr_ratio=0.1, weight_decay=0.0,
                             clip_norm=1.0, max_demos=6 if smoke else 4096, split="demo", log_every=1 if smoke else 10,
                             synth_code_steps=3 if smoke else 0, synth_code_batch=16, synth_code_seq_len=256,
