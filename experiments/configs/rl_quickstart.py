@@ -14,8 +14,9 @@ several rare kinds' held-out tasks, so RL had nothing to lift there), 900 SFT st
 the demonstrations (`agent_sft.fit_rows`: rows of 576 instead of 1024, the same loss at half the SFT
 time). 900 SFT steps, not the 600 of the runs before 2026-12-07 (session 34): the build had ~4 of its
 15 minutes spare, and the 900-step cold start (held-out pass@1 0.25 against 0.15, pass@8 0.66 against
-0.56, inside the issue's window) gains about twice as much from the same RL stage (seeds 0 and 1:
-pass@1 +0.033 and +0.028 against +0.021 and +0.013; README, "the 900-step cold start";
+0.56, inside the issue's window) gains more from the same RL stage (seeds 0 and 1: pass@1 +0.033 and
++0.028 against +0.021 and +0.013; pooled over seeds 0-3 +0.025 against +0.016, best-of-8 +0.024
+against +0.022; README, "the 900-step cold start";
 `--config.agent_sft.steps=600` rebuilds the earlier one). 1000 CPT steps,
 not 300, because the policy must copy the line number it has just read: `python -m
 c2jax.train.sed_probe` (teacher-forced, about a minute) finds the copy right 83% of the time after
